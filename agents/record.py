@@ -1,0 +1,233 @@
+"""The trajectory record: one per episode, produced by the runner, stored by the replay
+buffer, consumed by the learner. Defined once here; numpy only (no torch).
+
+Token view. An episode is a list of :class:`Sample` s. In ``full`` context mode there is one
+sample holding the whole conversation as one growing sequence; in ``window:k`` mode there is
+one sample per turn (prompt + reply). In every sample ``loss_mask`` is 1 exactly on tokens the
+model sampled and ``behavior_logprobs`` holds their log-probabilities under the policy that
+sampled them, at sampling time (0 elsewhere). ``image_ids`` index ``Trajectory.images`` in
+the order the images appear in ``token_ids``.
+
+On disk a record is JSON (no pickle) plus PNG images: :func:`save_records` /
+:func:`load_records` for a folder of records, :meth:`Trajectory.to_bytes` /
+:meth:`Trajectory.from_bytes` for a single self-contained blob (used by replay checkpoints).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+RECORD_FORMAT_VERSION = 1
+
+
+@dataclass
+class Turn:
+    """One environment turn: what the model saw and said, and what it earned."""
+
+    observation: str
+    reply: str
+    reward: float
+    action_is_valid: bool
+    image_index: int | None = None  # index into Trajectory.images of this turn's observation image
+
+
+@dataclass
+class Sample:
+    """One training sequence: token ids exactly as sampled, mask and behaviour log-probs."""
+
+    token_ids: np.ndarray  # int64 [T]
+    loss_mask: np.ndarray  # int8 [T], 1 on sampled tokens
+    behavior_logprobs: np.ndarray  # float32 [T], 0 where loss_mask == 0
+    image_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
+        self.loss_mask = np.asarray(self.loss_mask, dtype=np.int8)
+        self.behavior_logprobs = np.asarray(self.behavior_logprobs, dtype=np.float32)
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.behavior_logprobs) != n:
+            raise ValueError(
+                f"sample arrays differ in length: token_ids {n}, loss_mask {len(self.loss_mask)}, "
+                f"behavior_logprobs {len(self.behavior_logprobs)}"
+            )
+
+    @property
+    def num_sampled(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+@dataclass
+class Trajectory:
+    """A whole episode as the learner needs it (see DESIGN.md, "The trajectory record")."""
+
+    env_id: str
+    seed: int
+    group_id: int
+    turns: list[Turn]
+    samples: list[Sample]
+    episode_return: float
+    success: bool
+    policy_version: int
+    advantage: float = 0.0
+    context: str = "window:0"
+    images: list[np.ndarray] = field(default_factory=list)  # uint8 (H, W, 3), in order
+    truncated: bool = False
+    #: True when the episode hit an infrastructure fault (e.g. retrieval down): not learned from.
+    failed: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # JSON-serialisable extras
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(s.num_sampled for s in self.samples)
+
+    # -- serialisation ------------------------------------------------------------------
+    def _meta(self) -> dict[str, Any]:
+        meta = {k: v for k, v in asdict(self).items() if k not in ("samples", "images", "turns")}
+        meta["turns"] = [asdict(t) for t in self.turns]
+        meta["samples"] = [
+            {
+                "token_ids": s.token_ids.tolist(),
+                "loss_mask": s.loss_mask.tolist(),
+                # float32 -> float64 -> JSON repr is exact, and back to float32 is lossless.
+                "behavior_logprobs": s.behavior_logprobs.astype(np.float64).tolist(),
+                "image_ids": list(s.image_ids),
+            }
+            for s in self.samples
+        ]
+        meta["num_images"] = len(self.images)
+        meta["format_version"] = RECORD_FORMAT_VERSION
+        return meta
+
+    @classmethod
+    def _from_meta(cls, meta: dict[str, Any], images: list[np.ndarray]) -> "Trajectory":
+        version = meta.pop("format_version", None)
+        if version != RECORD_FORMAT_VERSION:
+            raise ValueError(f"unsupported record format version {version!r}")
+        meta.pop("num_images", None)
+        meta["turns"] = [Turn(**t) for t in meta["turns"]]
+        meta["samples"] = [Sample(**s) for s in meta["samples"]]
+        return cls(images=images, **meta)
+
+    def to_bytes(self) -> bytes:
+        """One self-contained blob: a zip of ``meta.json`` and PNG images (no pickle)."""
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+            zf.writestr("meta.json", json.dumps(self._meta()))
+            for k, img in enumerate(self.images):
+                zf.writestr(f"image_{k}.png", _png_bytes(img))
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "Trajectory":
+        try:
+            with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+                meta = json.loads(zf.read("meta.json"))
+                images = [_png_array(zf.read(f"image_{k}.png")) for k in range(meta["num_images"])]
+        except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
+            raise ValueError(f"corrupt trajectory blob: {exc}") from exc
+        return cls._from_meta(meta, images)
+
+
+def _png_bytes(img: np.ndarray) -> bytes:
+    from PIL import Image
+
+    arr = np.asarray(img)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
+        raise ValueError(f"images must be uint8 (H, W, 3), got {arr.dtype} {arr.shape}")
+    out = io.BytesIO()
+    Image.fromarray(arr, mode="RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
+def _png_array(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+
+
+def save_records(records: Iterable[Trajectory], folder: str | os.PathLike) -> Path:
+    """Write records to ``folder/records.jsonl`` plus ``folder/images/<n>_<k>.png``.
+
+    The JSON lines file is written to a temporary name and renamed, so a reader never sees a
+    half-written file.
+    """
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".records.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        for n, rec in enumerate(records):
+            meta = rec._meta()
+            meta["image_files"] = []
+            for k, img in enumerate(rec.images):
+                name = f"images/{n}_{k}.png"
+                (folder / name).write_bytes(_png_bytes(img))
+                meta["image_files"].append(name)
+            fh.write(json.dumps(meta) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / "records.jsonl")
+    return folder / "records.jsonl"
+
+
+def load_records(folder: str | os.PathLike) -> list[Trajectory]:
+    """Read records written by :func:`save_records`."""
+    folder = Path(folder)
+    path = folder / "records.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no records.jsonl in {folder}")
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                meta = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: corrupt record line ({exc})") from exc
+            files = meta.pop("image_files", [])
+            images = [_png_array((folder / f).read_bytes()) for f in files]
+            out.append(Trajectory._from_meta(meta, images))
+    return out
+
+
+def group_advantages(returns: Sequence[float], eps: float = 1e-6) -> np.ndarray:
+    """GRPO advantage ``(R - mean_g) / (std_g + eps)`` over one group of rollouts.
+
+    A group whose returns are all equal gets advantage 0 for every member (no signal).
+    """
+    r = np.asarray(returns, dtype=np.float64)
+    if r.size == 0:
+        return r
+    std = r.std()
+    if std < 1e-8:
+        return np.zeros_like(r)
+    return (r - r.mean()) / (std + eps)
+
+
+def assign_group_advantages(records: Sequence[Trajectory], eps: float = 1e-6) -> None:
+    """Set ``advantage`` on every record, grouping by ``group_id``; failed records are left out
+    of the group statistics and get advantage 0."""
+    groups: dict[int, list[Trajectory]] = {}
+    for rec in records:
+        if rec.failed:
+            rec.advantage = 0.0
+            continue
+        groups.setdefault(rec.group_id, []).append(rec)
+    for members in groups.values():
+        adv = group_advantages([m.episode_return for m in members], eps)
+        for m, a in zip(members, adv):
+            m.advantage = float(a)

@@ -1,0 +1,179 @@
+"""The multi-turn task contract shared by every freshper environment.
+
+A task is a ``gymnasium.Env`` whose action is the model's raw reply (``str``) and whose
+observation is ``{"text": str}`` (text tasks) or ``{"text": str, "image": uint8 (H, W, 3)}``
+(vision tasks, the text holding ``<image>`` where the picture goes). Subclasses implement
+the task; this base class owns turn counting, lenient reply parsing, invalid replies, the
+format penalty and the ``info`` keys every runner relies on.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from envs.spaces import AnyText
+
+IMAGE_PLACEHOLDER = "<image>"
+Modality = Literal["text", "vision"]
+
+_ANSWER_OPEN = "<answer>"
+_ANSWER_CLOSE = "</answer>"
+
+
+def extract_tag(reply: str, tag: str = "answer") -> str | None:
+    """Return the content of the last complete ``<tag>...</tag>`` in ``reply``, stripped.
+
+    Tags are matched case-insensitively. Runs in linear time on any input (a 1 MB reply of
+    unclosed tags included), which a backtracking regex would not.
+    """
+    if not isinstance(reply, str):
+        return None
+    lower = reply.lower()
+    close = lower.rfind(f"</{tag}>")
+    if close < 0:
+        return None
+    open_ = lower.rfind(f"<{tag}>", 0, close)
+    if open_ < 0:
+        return None
+    return reply[open_ + len(tag) + 2 : close].strip()
+
+
+class MultiTurnEnv(gym.Env[dict, str]):
+    """Base class for multi-turn tasks driven by free-text replies.
+
+    Subclasses implement:
+
+    - ``_reset_task(options)``: draw a new task from ``self.np_random``;
+    - ``instructions()``: the full task description (rules, reply format);
+    - ``state_text()``: the current state as text (the board, the question, ...);
+    - ``parse_action(reply)``: ``(action, None)`` or ``(None, "what was wrong")``;
+    - ``apply_action(action)``: ``(reward, feedback, terminated, success)``;
+    - vision tasks also ``render_image()`` returning uint8 (H, W, 3).
+
+    The base class guarantees: invalid replies never raise and leave the state unchanged,
+    cost ``format_penalty`` and are explained in the next observation; ``max_turns`` ends the
+    episode with ``truncated=True``; ``info`` carries ``action_is_valid``, ``success``,
+    ``turn`` and, at reset, ``instructions``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    modality: ClassVar[Modality] = "text"
+    #: Shape of the observed image for vision tasks; subclasses set it in ``__init__``.
+    image_shape: tuple[int, int, int] | None = None
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 10,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+        max_text_length: int = 1 << 20,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.max_turns = int(max_turns)
+        self.format_penalty = float(format_penalty)
+        self.render_mode = render_mode
+        self.action_space = AnyText(max_length=max_text_length)
+        self.turn = 0
+        self.episode_return = 0.0
+        self._done = False
+        self._success = False
+
+    def _build_spaces(self) -> None:
+        """Set ``observation_space``; call at the end of a subclass ``__init__``."""
+        spaces: dict[str, gym.Space] = {"text": AnyText(max_length=1 << 22)}
+        if self.modality == "vision":
+            if self.image_shape is None:
+                raise TypeError(f"{type(self).__name__} is a vision task but sets no image_shape")
+            spaces["image"] = gym.spaces.Box(0, 255, self.image_shape, dtype=np.uint8)
+        self.observation_space = gym.spaces.Dict(spaces)
+
+    # -- to implement -------------------------------------------------------------------
+    def _reset_task(self, options: dict[str, Any] | None) -> None:
+        raise NotImplementedError
+
+    def instructions(self) -> str:
+        raise NotImplementedError
+
+    def state_text(self) -> str:
+        raise NotImplementedError
+
+    def parse_action(self, reply: str) -> tuple[Any, str | None]:
+        raise NotImplementedError
+
+    def apply_action(self, action: Any) -> tuple[float, str, bool, bool]:
+        raise NotImplementedError
+
+    def render_image(self) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} has no image rendering")
+
+    def render_text(self) -> str:
+        """The state in the task's documented text notation (``render_mode="ansi"``)."""
+        return self.state_text()
+
+    def task_info(self) -> dict[str, Any]:
+        """Extra per-step ``info`` entries (JSON-serialisable); override to add some."""
+        return {}
+
+    # -- the contract -------------------------------------------------------------------
+    def _observation(self, text: str) -> dict[str, Any]:
+        obs: dict[str, Any] = {"text": text}
+        if self.modality == "vision":
+            obs["image"] = self.render_image()
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._reset_task(options)
+        self.turn = 0
+        self.episode_return = 0.0
+        self._done = False
+        self._success = False
+        instructions = self.instructions()
+        obs = self._observation(f"{instructions}\n\n{self.state_text()}")
+        info = {"instructions": instructions, "action_is_valid": True, "success": False, "turn": 0}
+        info.update(self.task_info())
+        return obs, info
+
+    def step(self, action: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.turn += 1
+        reply = action if isinstance(action, str) else ""
+        parsed, error = self.parse_action(reply)
+        if error is not None:
+            reward, terminated, success, valid = self.format_penalty, False, False, False
+            feedback = f"Invalid reply: {error}"
+        else:
+            reward, feedback, terminated, success = self.apply_action(parsed)
+            valid = True
+        truncated = not terminated and self.turn >= self.max_turns
+        self._done = terminated or truncated
+        self._success = bool(success)
+        self.episode_return += float(reward)
+        text = f"{feedback}\n\n{self.state_text()}" if feedback else self.state_text()
+        if self._done:
+            text += "\n\nThe episode is over."
+        else:
+            text += f"\n\nTurns left: {self.max_turns - self.turn}."
+        info = {"action_is_valid": valid, "success": self._success, "turn": self.turn}
+        info.update(self.task_info())
+        return self._observation(text), float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "ansi":
+            return self.render_text()
+        if self.render_mode == "rgb_array":
+            return self.render_image()
+        return None

@@ -1,0 +1,125 @@
+"""Task registration: ids, modality and defaults, on top of gymnasium's registry.
+
+``register`` validates the id, records the task's modality and defaults for
+``python -m envs list``, and registers it with gymnasium so ``gymnasium.make(id, **kwargs)``
+works. Third-party packages add tasks through the entry-point group ``freshper.envs``: each
+entry point is a function that calls :func:`register`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "freshper.envs"
+_ID_RE = re.compile(r"^(?P<ns>[a-z][a-z0-9_\-]*)/(?P<name>[A-Z][A-Za-z0-9]*)-v(?P<version>\d+)$")
+
+
+class RegistrationError(ValueError):
+    """A task id or registration is malformed or clashes with an existing one."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What the hub knows about a registered task."""
+
+    id: str
+    entry_point: str | Callable[..., gym.Env]
+    modality: str
+    description: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str = "freshper"
+
+
+_TASKS: dict[str, TaskSpec] = {}
+
+
+def validate_id(env_id: str) -> None:
+    """Raise a :class:`RegistrationError` that says how to fix a malformed id."""
+    if not isinstance(env_id, str) or not _ID_RE.match(env_id):
+        raise RegistrationError(
+            f"invalid task id {env_id!r}: ids look like 'namespace/Name-vN', with a lowercase "
+            "namespace, a CamelCase name and an integer version, e.g. 'freshper/Sokoban-v0' "
+            "or 'mypackage/Maze-v1'"
+        )
+
+
+def register(
+    env_id: str,
+    entry_point: str | Callable[..., gym.Env],
+    *,
+    modality: str,
+    description: str = "",
+    kwargs: dict[str, Any] | None = None,
+    source: str = "freshper",
+    override: bool = False,
+) -> TaskSpec:
+    """Register a task by id.
+
+    Args:
+        env_id: ``namespace/Name-vN``.
+        entry_point: ``"module.path:ClassName"`` or a callable returning the env.
+        modality: ``"text"`` or ``"vision"``.
+        description: one line shown by ``python -m envs list``.
+        kwargs: default keyword arguments (overridable in ``gymnasium.make``).
+        source: the distribution that provides the task (shown in listings).
+        override: replace an existing registration instead of raising.
+    """
+    validate_id(env_id)
+    if modality not in ("text", "vision"):
+        raise RegistrationError(f"modality of {env_id!r} must be 'text' or 'vision', got {modality!r}")
+    if env_id in _TASKS and not override:
+        raise RegistrationError(
+            f"task {env_id!r} is already registered (by {_TASKS[env_id].source}); bump the "
+            "version (e.g. -v1) or pass override=True"
+        )
+    spec = TaskSpec(env_id, entry_point, modality, description, dict(kwargs or {}), source)
+    _TASKS[env_id] = spec
+    if env_id in gym.registry:
+        del gym.registry[env_id]
+    # Turn limits are the task's own (max_turns), so no TimeLimit wrapper is added.
+    gym.register(id=env_id, entry_point=entry_point, kwargs=dict(spec.kwargs), disable_env_checker=False)
+    return spec
+
+
+def task_spec(env_id: str) -> TaskSpec:
+    """Look up a registered task, suggesting close ids when it is unknown."""
+    try:
+        return _TASKS[env_id]
+    except KeyError:
+        close = difflib.get_close_matches(env_id, list(_TASKS), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise KeyError(
+            f"no task registered as {env_id!r}.{hint} Run `python -m envs list` to see all tasks."
+        ) from None
+
+
+def registered_tasks() -> list[TaskSpec]:
+    """All registered tasks, sorted by id."""
+    return [_TASKS[k] for k in sorted(_TASKS)]
+
+
+def make(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gymnasium.make`` with a helpful error for unknown ids."""
+    task_spec(env_id)
+    return gym.make(env_id, **kwargs)
+
+
+def load_plugins() -> list[str]:
+    """Call every ``freshper.envs`` entry point; a failing plugin is logged, not fatal."""
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()()
+            loaded.append(ep.name)
+        except Exception:  # a broken third-party package must not break the hub
+            logger.exception("could not load freshper.envs plugin %r (%s)", ep.name, ep.value)
+    return loaded
