@@ -1,0 +1,296 @@
+"""FrozenLake as a multi-turn text task and as a vision task (Pillow-drawn board).
+
+Dynamics are gymnasium's ``FrozenLake-v1``: actions Left/Down/Right/Up (0..3), a move off the
+board keeps the agent in place, a hole ends the episode (reward 0, failure), the goal ends it
+(reward 1, success). With ``is_slippery=True`` the agent moves in the intended direction with
+probability 1/3 and in each perpendicular direction with 1/3, drawn exactly as gymnasium draws
+it (one ``np_random.random()`` per step over ``[(a-1)%4, a, (a+1)%4]``).
+
+Unless a fixed map is given (``desc`` or ``map_name``), every ``reset`` draws a new random map
+from the seeded RNG with gymnasium's ``generate_random_map`` algorithm (each cell frozen with
+probability ``p``, redrawn until the goal is reachable).
+
+Text notation (``render_mode="ansi"`` and the observation): one row per line, cells separated
+by spaces: ``P`` player, ``S`` start, ``F`` frozen, ``H`` hole, ``G`` goal; ``P`` is drawn over
+whatever cell the player stands on.
+
+Replies: ``<answer>Down</answer>``; the action name is case-insensitive and may be abbreviated
+to its first letter (``<answer>d</answer>``). Anything else is an invalid reply.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+
+ACTIONS = ("Left", "Down", "Right", "Up")
+LEFT, DOWN, RIGHT, UP = range(4)
+_MOVES = {LEFT: (0, -1), DOWN: (1, 0), RIGHT: (0, 1), UP: (-1, 0)}
+_ACTION_BY_WORD = {**{a.lower(): i for i, a in enumerate(ACTIONS)}, **{a[0].lower(): i for i, a in enumerate(ACTIONS)}}
+
+#: gymnasium's fixed maps.
+MAPS: dict[str, list[str]] = {
+    "4x4": ["SFFF", "FHFH", "FFFH", "HFFG"],
+    "8x8": [
+        "SFFFFFFF",
+        "FFFFFFFF",
+        "FFFHFFFF",
+        "FFFFFHFF",
+        "FFFHFFFF",
+        "FHHFFFHF",
+        "FHFFHFHF",
+        "FFFHFFFG",
+    ],
+}
+
+# gymnasium's slippery probabilities, computed the same way so that draws match bit for bit.
+_SUCCESS = 1.0 / 3.0
+_FAIL = (1.0 - _SUCCESS) / 2.0
+_SLIP_CDF = np.cumsum([_FAIL, _SUCCESS, _FAIL])
+
+TILE = 28  # pixels per cell: one Qwen2-VL visual token per tile
+
+
+def goal_reachable(board: np.ndarray) -> bool:
+    """Whether a path of non-hole cells joins the top-left start to a goal (4-neighbour moves)."""
+    nrow, ncol = board.shape
+    seen = {(0, 0)}
+    frontier = [(0, 0)]
+    while frontier:
+        r, c = frontier.pop()
+        for dr, dc in _MOVES.values():
+            rr, cc = r + dr, c + dc
+            if 0 <= rr < nrow and 0 <= cc < ncol and (rr, cc) not in seen:
+                if board[rr, cc] == "G":
+                    return True
+                if board[rr, cc] != "H":
+                    seen.add((rr, cc))
+                    frontier.append((rr, cc))
+    return False
+
+
+def random_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> list[str]:
+    """A random solvable map, drawn from ``rng`` exactly as gymnasium's ``generate_random_map``.
+
+    Given a generator in the same state, this returns the same map as
+    ``gymnasium.envs.toy_text.frozen_lake.generate_random_map(size, p, seed)``.
+    """
+    if size < 2:
+        raise ValueError(f"FrozenLake size must be >= 2, got {size}")
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"frozen probability p must be in (0, 1], got {p}")
+    p = min(1.0, p)
+    while True:
+        board = rng.choice(["F", "H"], (size, size), p=[p, 1 - p])
+        board[0][0] = "S"
+        board[-1][-1] = "G"
+        if goal_reachable(board):
+            return ["".join(row) for row in board]
+
+
+class FrozenLakeEnv(MultiTurnEnv):
+    """Walk from ``S`` to ``G`` on a frozen lake without falling into a hole ``H``.
+
+    Args:
+        size: side of the random maps (ignored when ``desc`` or ``map_name`` is given).
+        p: probability that a random cell is frozen.
+        desc: a fixed map, rows of ``S``/``F``/``H``/``G`` (gymnasium's format).
+        map_name: one of gymnasium's fixed maps (``"4x4"``, ``"8x8"``).
+        is_slippery: gymnasium's slippery dynamics (1/3 intended, 1/3 each perpendicular).
+        max_turns: turn limit; default ``nrow + ncol`` (8 on 4x4: the 6-move path plus 2).
+        format_penalty: reward of an invalid reply.
+        render_mode: ``"ansi"`` (the board text) or ``"rgb_array"`` (the board image).
+    """
+
+    def __init__(
+        self,
+        size: int = 4,
+        *,
+        p: float = 0.8,
+        desc: list[str] | None = None,
+        map_name: str | None = None,
+        is_slippery: bool = False,
+        max_turns: int | None = None,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+    ) -> None:
+        if desc is None and map_name is not None:
+            if map_name not in MAPS:
+                raise ValueError(f"unknown map_name {map_name!r}; choose one of {sorted(MAPS)} or pass desc=[...]")
+            desc = MAPS[map_name]
+        self.fixed_map = _check_desc(desc) if desc is not None else None
+        self.size = int(size)
+        self.p = float(p)
+        if self.fixed_map is None and self.size < 2:
+            raise ValueError(f"FrozenLake size must be >= 2, got {size}")
+        if not 0.0 < self.p <= 1.0:
+            raise ValueError(f"frozen probability p must be in (0, 1], got {p}")
+        self.nrow, self.ncol = (len(desc), len(desc[0])) if desc is not None else (self.size, self.size)
+        self.is_slippery = bool(is_slippery)
+        super().__init__(
+            max_turns=max_turns if max_turns is not None else self.nrow + self.ncol,
+            format_penalty=format_penalty,
+            render_mode=render_mode,
+        )
+        # Until the first reset: the fixed map, or an all-frozen board of the right size.
+        n = self.size
+        blank = ["S" + "F" * (n - 1)] + ["F" * n] * (n - 2) + ["F" * (n - 1) + "G"]
+        self.desc: list[str] = list(self.fixed_map) if self.fixed_map else blank
+        self.pos = (0, 0)
+        self._set_start()
+        if self.modality == "vision":
+            self.image_shape = (self.nrow * TILE, self.ncol * TILE, 3)
+        self._build_spaces()
+
+    # -- the task -----------------------------------------------------------------------
+    def _set_start(self) -> None:
+        starts = [(r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == "S"]
+        self.pos = starts[0] if starts else (0, 0)
+
+    def _reset_task(self, options: dict[str, Any] | None) -> None:
+        if options and "desc" in options:
+            self.desc = _check_desc(options["desc"], (self.nrow, self.ncol))
+        elif self.fixed_map is not None:
+            self.desc = list(self.fixed_map)
+        else:
+            self.desc = random_map(self.np_random, self.size, self.p)
+        self._set_start()
+
+    def instructions(self) -> str:
+        return (
+            "FrozenLake: move the player P to the goal G; F is frozen ice, stepping on a hole H "
+            "loses. Reply with one move: <answer>Left|Down|Right|Up</answer>."
+        )
+
+    def board_text(self) -> str:
+        """The board in the documented notation (``P`` over the player's cell)."""
+        rows = []
+        for r, row in enumerate(self.desc):
+            cells = ["P" if (r, c) == self.pos else ch for c, ch in enumerate(row)]
+            rows.append(" ".join(cells))
+        return "\n".join(rows)
+
+    def state_text(self) -> str:
+        return self.board_text()
+
+    def render_text(self) -> str:
+        return self.board_text()
+
+    def parse_action(self, reply: str) -> tuple[Any, str | None]:
+        content = extract_tag(reply)
+        if content is None:
+            return None, "no <answer>...</answer> found; reply like <answer>Down</answer>."
+        action = _ACTION_BY_WORD.get(content.lower())
+        if action is None:
+            shown = content if len(content) <= 20 else content[:20] + "..."
+            return None, f"{shown!r} is not a move; answer one of Left, Down, Right, Up."
+        return action, None
+
+    def apply_action(self, action: int) -> tuple[float, str, bool, bool]:
+        moved = action
+        if self.is_slippery:  # gymnasium's categorical_sample over [(a-1)%4, a, (a+1)%4]
+            branch = int(np.argmax(_SLIP_CDF > self.np_random.random()))
+            moved = ((action - 1) % 4, action, (action + 1) % 4)[branch]
+        r, c = self._target(self.pos, moved)
+        stayed = (r, c) == self.pos
+        self.pos = (r, c)
+        cell = self.desc[r][c]
+        if moved != action:
+            feedback = f"You tried {ACTIONS[action]} but slipped {ACTIONS[moved]}."
+        elif stayed:
+            feedback = f"{ACTIONS[action]} hits the edge; you stay."
+        else:
+            feedback = f"You moved {ACTIONS[action]}."
+        if cell == "H":
+            return 0.0, feedback + " You fell into a hole.", True, False
+        if cell == "G":
+            return 1.0, feedback + " You reached the goal!", True, True
+        return 0.0, feedback, False, False
+
+    def _target(self, pos: tuple[int, int], action: int) -> tuple[int, int]:
+        dr, dc = _MOVES[action]
+        return min(max(pos[0] + dr, 0), self.nrow - 1), min(max(pos[1] + dc, 0), self.ncol - 1)
+
+    def legal_actions(self) -> list[str]:
+        """The moves whose intended step stays on the board (for format warm-up replies)."""
+        return [ACTIONS[a] for a in range(4) if self._target(self.pos, a) != self.pos]
+
+    @staticmethod
+    def format_reply(action: int | str) -> str:
+        """The canonical reply for an action index or name, e.g. ``"<answer>Down</answer>"``."""
+        index = action if isinstance(action, (int, np.integer)) else _ACTION_BY_WORD.get(str(action).strip().lower())
+        if index is None or not 0 <= int(index) < 4:
+            raise ValueError(f"unknown FrozenLake action {action!r}; use 0-3 or one of {ACTIONS}")
+        return f"<answer>{ACTIONS[int(index)]}</answer>"
+
+    def task_info(self) -> dict[str, Any]:
+        return {"position": list(self.pos), "map": list(self.desc)}
+
+    # -- pictures -----------------------------------------------------------------------
+    def render_image(self) -> np.ndarray:
+        """The board as uint8 (nrow*28, ncol*28, 3): one 28x28 tile per cell."""
+        tiles = _tiles()
+        image = np.empty((self.nrow * TILE, self.ncol * TILE, 3), dtype=np.uint8)
+        for r, row in enumerate(self.desc):
+            for c, ch in enumerate(row):
+                key = ch + ("P" if (r, c) == self.pos else "")
+                image[r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE] = tiles[key]
+        return image
+
+
+class FrozenLakeVisionEnv(FrozenLakeEnv):
+    """FrozenLake observed as an image; the text observation holds ``<image>`` for the board."""
+
+    modality = "vision"
+
+    def instructions(self) -> str:
+        return (
+            "FrozenLake: move the player (red disc) to the goal (yellow diamond) on the image; "
+            "light blue is frozen ice, stepping on a hole (dark circle) loses. "
+            "Reply with one move: <answer>Left|Down|Right|Up</answer>."
+        )
+
+    def state_text(self) -> str:
+        return IMAGE_PLACEHOLDER
+
+
+def _check_desc(desc: Any, shape: tuple[int, int] | None = None) -> list[str]:
+    """Validate a fixed map and return it as a list of strings."""
+    rows = [row.decode() if isinstance(row, bytes) else "".join(row) for row in desc]
+    if not rows or any(len(row) != len(rows[0]) for row in rows) or len(rows[0]) < 1:
+        raise ValueError(f"desc must be non-empty rows of equal length, got {desc!r}")
+    bad = {ch for row in rows for ch in row} - set("SFHG")
+    if bad:
+        raise ValueError(f"desc may only contain S, F, H, G; found {sorted(bad)}")
+    if shape is not None and (len(rows), len(rows[0])) != shape:
+        raise ValueError(f"options['desc'] must be {shape[0]}x{shape[1]} like the env's map, got {len(rows)}x{len(rows[0])}")
+    return rows
+
+
+_COLOURS = {"F": (196, 228, 250), "S": (196, 228, 250), "H": (20, 40, 90), "G": (70, 180, 80)}
+
+
+@lru_cache(maxsize=1)
+def _tiles() -> dict[str, np.ndarray]:
+    """Pre-drawn 28x28 tiles for every cell kind, with and without the player on it."""
+    tiles: dict[str, np.ndarray] = {}
+    for kind, colour in _COLOURS.items():
+        for with_player in (False, True):
+            img = Image.new("RGB", (TILE, TILE), colour)
+            draw = ImageDraw.Draw(img)
+            draw.rectangle([0, 0, TILE - 1, TILE - 1], outline=(120, 150, 180))
+            if kind == "H":  # a dark hole with a black centre
+                draw.ellipse([5, 5, TILE - 6, TILE - 6], fill=(0, 0, 0))
+            elif kind == "G":  # a yellow star-ish diamond
+                draw.polygon([(14, 3), (24, 14), (14, 25), (4, 14)], fill=(250, 210, 40))
+            elif kind == "S":  # a small grey mark at the start
+                draw.rectangle([3, 3, 8, 8], fill=(150, 170, 190))
+            if with_player:  # a red disc with a white outline
+                draw.ellipse([7, 7, TILE - 8, TILE - 8], fill=(220, 40, 40), outline=(255, 255, 255), width=2)
+            tiles[kind + ("P" if with_player else "")] = np.asarray(img, dtype=np.uint8)
+    return tiles
