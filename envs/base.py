@@ -9,7 +9,6 @@ format penalty and the ``info`` keys every runner relies on.
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
@@ -22,17 +21,21 @@ Modality = Literal["text", "vision"]
 
 _ANSWER_OPEN = "<answer>"
 _ANSWER_CLOSE = "</answer>"
+# Lowercases ASCII only, so indices stay aligned with the original reply: str.lower() can
+# change the length of non-ASCII text (e.g. "İ" -> "i̇"), which would shift every slice.
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def extract_tag(reply: str, tag: str = "answer") -> str | None:
     """Return the content of the last complete ``<tag>...</tag>`` in ``reply``, stripped.
 
-    Tags are matched case-insensitively. Runs in linear time on any input (a 1 MB reply of
-    unclosed tags included), which a backtracking regex would not.
+    Tags are matched case-insensitively (ASCII). Runs in linear time on any input (a 1 MB
+    reply of unclosed tags included), which a backtracking regex would not.
     """
     if not isinstance(reply, str):
         return None
-    lower = reply.lower()
+    tag = tag.translate(_ASCII_LOWER)
+    lower = reply.translate(_ASCII_LOWER)
     close = lower.rfind(f"</{tag}>")
     if close < 0:
         return None

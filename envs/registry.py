@@ -27,6 +27,13 @@ class RegistrationError(ValueError):
     """A task id or registration is malformed or clashes with an existing one."""
 
 
+class UnknownTaskError(KeyError):
+    """No task is registered under the requested id (the message suggests close ids)."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted and escaped
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """What the hub knows about a registered task."""
@@ -40,6 +47,9 @@ class TaskSpec:
 
 
 _TASKS: dict[str, TaskSpec] = {}
+_LOADED_PLUGINS: set[tuple[str, str]] = set()
+#: The distribution whose entry point is running, so its tasks are listed under its name.
+_plugin_source: str | None = None
 
 
 def validate_id(env_id: str) -> None:
@@ -59,7 +69,7 @@ def register(
     modality: str,
     description: str = "",
     kwargs: dict[str, Any] | None = None,
-    source: str = "freshper",
+    source: str | None = None,
     override: bool = False,
 ) -> TaskSpec:
     """Register a task by id.
@@ -70,10 +80,12 @@ def register(
         modality: ``"text"`` or ``"vision"``.
         description: one line shown by ``python -m envs list``.
         kwargs: default keyword arguments (overridable in ``gymnasium.make``).
-        source: the distribution that provides the task (shown in listings).
+        source: the distribution that provides the task (shown in listings); defaults to
+            the distribution of the running ``freshper.envs`` entry point, else "freshper".
         override: replace an existing registration instead of raising.
     """
     validate_id(env_id)
+    source = source or _plugin_source or "freshper"
     if modality not in ("text", "vision"):
         raise RegistrationError(f"modality of {env_id!r} must be 'text' or 'vision', got {modality!r}")
     if env_id in _TASKS and not override:
@@ -97,7 +109,7 @@ def task_spec(env_id: str) -> TaskSpec:
     except KeyError:
         close = difflib.get_close_matches(env_id, list(_TASKS), n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise KeyError(
+        raise UnknownTaskError(
             f"no task registered as {env_id!r}.{hint} Run `python -m envs list` to see all tasks."
         ) from None
 
@@ -114,12 +126,25 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
 
 
 def load_plugins() -> list[str]:
-    """Call every ``freshper.envs`` entry point; a failing plugin is logged, not fatal."""
+    """Call every ``freshper.envs`` entry point once; a failing plugin is logged, not fatal.
+
+    Returns the names of the entry points loaded by this call. Calling it again (e.g. after
+    installing a package at run time) loads only entry points not seen before.
+    """
+    global _plugin_source
     loaded = []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        key = (ep.name, ep.value)
+        if key in _LOADED_PLUGINS:  # the same distribution can be visible twice on sys.path
+            continue
+        _LOADED_PLUGINS.add(key)
+        dist = getattr(ep, "dist", None)
+        _plugin_source = getattr(dist, "name", None) or ep.value.split(":")[0].split(".")[0]
         try:
             ep.load()()
             loaded.append(ep.name)
         except Exception:  # a broken third-party package must not break the hub
             logger.exception("could not load freshper.envs plugin %r (%s)", ep.name, ep.value)
+        finally:
+            _plugin_source = None
     return loaded
