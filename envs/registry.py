@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,17 @@ def registered_tasks() -> list[TaskSpec]:
 
 
 def make(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make`` with a helpful error for unknown ids."""
-    task_spec(env_id)
+    """``gymnasium.make`` with helpful errors for unknown ids and unloadable entry points."""
+    spec = task_spec(env_id)
+    if isinstance(spec.entry_point, str):
+        try:
+            load_env_creator(spec.entry_point)
+        except (ImportError, AttributeError) as exc:
+            raise ImportError(
+                f"task {env_id!r} is registered (source {spec.source}) but its entry point "
+                f"{spec.entry_point!r} could not be loaded: {exc}. Is the package that provides it "
+                "installed and up to date?"
+            ) from exc
     return gym.make(env_id, **kwargs)
 
 

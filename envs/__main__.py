@@ -1,0 +1,57 @@
+"""``python -m envs list``: print every registered task (built-in and plugins).
+
+The listing reads only the registry (entry points are lazy ``module:Class`` strings), so it
+works even when a task's module is missing or fails to import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence, TextIO
+
+import envs
+
+
+def _kwargs_text(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "-"
+
+
+def format_table(rows: list[list[str]], header: list[str]) -> str:
+    """Left-aligned plain-text columns (no dependency on a table library)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def list_tasks(out: TextIO = sys.stdout, as_json: bool = False) -> None:
+    """Write the table (or JSON lines) of registered tasks to ``out``."""
+    specs = envs.registered_tasks()
+    if as_json:
+        for s in specs:
+            entry = s.entry_point if isinstance(s.entry_point, str) else repr(s.entry_point)
+            out.write(json.dumps({"id": s.id, "modality": s.modality, "kwargs": s.kwargs,
+                                  "description": s.description, "source": s.source, "entry_point": entry}) + "\n")
+        return
+    rows = [[s.id, s.modality, _kwargs_text(s.kwargs), s.description, s.source] for s in specs]
+    out.write(format_table(rows, ["id", "modality", "defaults", "description", "source"]) + "\n")
+    out.write(f"\n{len(specs)} tasks. Play one: python -m envs.play <id>\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m envs", description="freshper environment hub")
+    sub = parser.add_subparsers(dest="command")
+    p_list = sub.add_parser("list", help="print every registered task with its modality and defaults")
+    p_list.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        list_tasks(as_json=args.json)
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
