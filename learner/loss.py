@@ -1,0 +1,160 @@
+"""The IS-corrected GRPO loss on padded token tensors (pure torch, no model).
+
+Rows are training sequences (one per turn in ``window:k`` mode); every sampled token of a row
+carries its trajectory's stored advantage and PER weight. With ``rho_t = exp(logp_t - mu_t)``:
+
+- ``clip`` (default): ``-min(rho A, clip(rho, 1-lo, 1+hi) A)``, and for ``A < 0`` the dual clip
+  ``min(that, -c A)`` (Ye et al., 2020) so a huge ratio on a bad action cannot blow up the loss;
+- ``tis``: truncated importance sampling ``-sg(min(rho, C)) A logp``;
+- ``sequence_ratio``: ``rho`` is the row's geometric-mean ratio ``exp(mean_t log rho_t)``
+  (one ratio per sequence, GSPO-style) instead of one per token.
+
+Aggregation is the token mean over the whole batch: ``sum_i w_i sum_t l_it / sum_i T_i``, so a
+trajectory's PER weight scales exactly its own contribution. The optional KL to a reference
+policy uses the non-negative k3 estimator ``exp(r - logp) - (r - logp) - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Age buckets (optimizer steps since collection) for the IS effective-sample-size stats.
+AGE_BUCKETS: tuple[tuple[int, float], ...] = ((0, 0), (1, 2), (3, 8), (9, float("inf")))
+
+
+def age_bucket_name(lo: int, hi: float) -> str:
+    """``"0"``, ``"1-2"``, ``"9+"``: the metric suffix of an age bucket."""
+    if hi == lo:
+        return str(lo)
+    return f"{lo}+" if hi == float("inf") else f"{lo}-{int(hi)}"
+
+
+@dataclass
+class LossConfig:
+    """The knobs of :func:`grpo_loss` (``train.Config`` fills them from the CLI)."""
+
+    loss: str = "clip"  # "clip" or "tis"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0  # None or <= 1 disables the dual clip
+    tis_cap: float = 2.0
+    sequence_ratio: bool = False
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.loss not in ("clip", "tis"):
+            raise ValueError(f"loss must be 'clip' or 'tis', got {self.loss!r}")
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError("clip_low and clip_high must be >= 0")
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    cfg: LossConfig | None = None,
+    ref_logp: torch.Tensor | None = None,
+    ages: torch.Tensor | None = None,
+    num_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss and statistics for one batch of rows.
+
+    Args:
+        logp: ``[B, T]`` log-probs of the sampled tokens under the current policy (with grad).
+        behavior_logp: ``[B, T]`` log-probs stored at sampling time (no grad).
+        mask: ``[B, T]`` 1 on sampled tokens, 0 on prompt, environment and padding tokens.
+        advantages: ``[B]`` the stored group-relative advantage of each row's trajectory.
+        weights: ``[B]`` PER importance weights (1 for fresh data); default all ones.
+        cfg: loss settings; default :class:`LossConfig`.
+        ref_logp: ``[B, T]`` reference-policy log-probs for the KL term (needed if ``kl_coef``).
+        ages: ``[B]`` optimizer steps since each row was collected (for per-age ESS stats).
+        num_tokens: the token-mean denominator; default ``mask.sum()``. Pass the whole batch's
+            count when a batch is split into micro-batches, so the sum of parts equals the whole.
+
+    Returns:
+        ``(loss, stats)``: a scalar to minimise and float statistics (ratio mean/max/min, clip
+        fraction, KL, and ``ess/age_<bucket>``: normalised IS effective sample size
+        ``(sum rho)^2 / (n sum rho^2)`` per age bucket).
+    """
+    cfg = cfg or LossConfig()
+    mask = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype)[:, None]
+    w = torch.ones_like(advantages, dtype=logp.dtype) if weights is None else weights.to(logp.dtype)
+    denom = float(mask.sum().item()) if num_tokens is None else float(num_tokens)
+    denom = max(denom, 1.0)
+
+    log_ratio = (logp - behavior_logp.to(logp.dtype)) * mask
+    if cfg.sequence_ratio:
+        lengths = mask.sum(dim=1).clamp(min=1.0)
+        seq_log_ratio = log_ratio.sum(dim=1) / lengths
+        ratio = torch.exp(seq_log_ratio)[:, None].expand_as(logp)
+    else:
+        ratio = torch.exp(log_ratio)
+
+    if cfg.loss == "clip":
+        unclipped = -adv * ratio
+        clipped = -adv * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+        per_token = torch.maximum(unclipped, clipped)
+        clip_active = (clipped > unclipped).to(logp.dtype)
+        if cfg.dual_clip is not None and cfg.dual_clip > 1.0:
+            dual = -adv * cfg.dual_clip  # positive where adv < 0
+            per_token = torch.where(adv < 0, torch.minimum(per_token, dual), per_token)
+            clip_active = torch.where((adv < 0) & (per_token == dual), torch.ones_like(clip_active), clip_active)
+    else:  # truncated IS: the stop-gradient weight times the REINFORCE term
+        trunc = torch.clamp(ratio.detach(), max=cfg.tis_cap)
+        per_token = -trunc * adv * logp
+        clip_active = (ratio.detach() > cfg.tis_cap).to(logp.dtype)
+
+    loss = (w[:, None] * per_token * mask).sum() / denom
+    kl_value = 0.0
+    if cfg.kl_coef != 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_coef is set but no ref_logp was given")
+        diff = (ref_logp.to(logp.dtype) - logp) * mask
+        k3 = (torch.exp(diff) - diff - 1.0) * mask
+        kl = k3.sum() / denom
+        loss = loss + cfg.kl_coef * kl
+        kl_value = float(kl.detach().item()) * denom / max(float(mask.sum().item()), 1.0)
+
+    stats = ratio_stats(ratio.detach(), mask, ages)
+    n_tok = max(float(mask.sum().item()), 1.0)
+    stats["clip_frac"] = float((clip_active * mask).sum().item()) / n_tok
+    stats["kl"] = kl_value
+    stats["tokens"] = float(mask.sum().item())
+    return loss, stats
+
+
+def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, ages: torch.Tensor | None = None) -> dict[str, float]:
+    """Mean/max/min of the masked ratio and the normalised IS ESS overall and per age bucket."""
+    sel = ratio[mask > 0]
+    if sel.numel() == 0:
+        return {"ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0, "ess": 1.0}
+    stats = {
+        "ratio_mean": float(sel.mean().item()),
+        "ratio_max": float(sel.max().item()),
+        "ratio_min": float(sel.min().item()),
+        "ess": effective_sample_size(sel),
+    }
+    if ages is not None:
+        row_ages = ages[:, None].expand_as(ratio)[mask > 0]
+        for lo, hi in AGE_BUCKETS:
+            in_bucket = (row_ages >= lo) & (row_ages <= hi)
+            if bool(in_bucket.any()):
+                stats[f"ess/age_{age_bucket_name(lo, hi)}"] = effective_sample_size(sel[in_bucket])
+    return stats
+
+
+def effective_sample_size(rho: torch.Tensor) -> float:
+    """Kish's effective sample size ``(sum rho)^2 / sum rho^2``, divided by ``n`` (1 = all equal)."""
+    rho = rho.double()
+    n = rho.numel()
+    if n == 0:
+        return 1.0
+    den = float((rho * rho).sum().item())
+    if den == 0.0 or den != den:
+        return 0.0 if den != den else 1.0
+    return float(rho.sum().item()) ** 2 / den / n
