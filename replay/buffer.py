@@ -1,0 +1,302 @@
+"""The freshness-aware prioritized replay buffer (FreshPER) without a per-step refresh pass.
+
+``P_t(i) ∝ (p_i * exp(-(t - t_i) / tau))^alpha = exp(k_i - alpha * t / tau)`` with
+``k_i = alpha * log(p_i) + alpha * t_i / tau``. The factor in ``t`` is common to every item and
+cancels, so the sum tree stores ``exp(k_i - K)`` (``K = alpha * t_ref / tau``, a reference offset)
+and nothing changes as the optimizer steps. When new keys approach the float64 range the buffer
+rebases (``t_ref`` moves to the newest step and every leaf is recomputed once, O(N)).
+Mode ``refresh`` is the paper's O(N)-per-step rescan, kept only as a measured baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from operator import itemgetter
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
+
+from .persistence import DefaultCodec, ItemCodec, ReplayCheckpointError, pack_items, read_checkpoint, unpack_items, write_checkpoint
+from .sum_tree import MinTree, SumTree
+
+log = logging.getLogger(__name__)
+
+MODES = ("fresh", "per", "uniform", "refresh")
+#: Rebase once a new log-leaf exceeds this: leaves stay below e^REBASE_LOG * p^alpha, so even
+#: 10^9 of them sum far below float64's e^709.
+REBASE_LOG = 500.0
+_FORMAT_VERSION = 1
+_CONFIG_KEYS = ("capacity", "mode", "alpha", "tau", "beta", "beta_final", "beta_anneal_steps", "eps", "is_target", "is_normalize")
+
+
+class ReplaySample(NamedTuple):
+    """One sampled batch; unpacks as ``items, indices, weights, ages``."""
+
+    items: list[Any]
+    indices: np.ndarray  # int64 item ids (stable across evictions), for ``update_priorities``
+    weights: np.ndarray  # float64 importance-sampling weights, max 1
+    ages: np.ndarray  # float64 ``step - t_i``, optimizer steps since collection
+
+
+class ReplayBuffer:
+    """Fixed-capacity FIFO replay with freshness-aware prioritized, stratified sampling.
+
+    Item ids: ``add`` returns consecutive int64 ids; ``sample`` returns them as ``indices``, and
+    ``update_priorities`` ignores ids that have been evicted since (so a learner never rewrites
+    the priority of a newer item that took the slot). All public methods hold one lock, so a
+    collector thread may ``add`` while the learner samples.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        mode: str = "fresh",
+        alpha: float = 0.6,
+        tau: float = 500.0,
+        beta: float = 0.4,
+        beta_final: float = 1.0,
+        beta_anneal_steps: int = 10_000,
+        eps: float = 1e-6,
+        is_target: str = "base",
+        is_normalize: str = "batch",
+        seed: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if is_target not in ("base", "uniform") or is_normalize not in ("batch", "buffer"):
+            raise ValueError("is_target must be 'base'|'uniform' and is_normalize 'batch'|'buffer'")
+        if not (capacity >= 1 and alpha >= 0 and tau > 0 and eps > 0 and beta_anneal_steps >= 0):
+            raise ValueError("need capacity >= 1, alpha >= 0, tau > 0, eps > 0, beta_anneal_steps >= 0")
+        self.capacity, self.mode = int(capacity), mode
+        self.alpha, self.tau, self.eps = float(alpha), float(tau), float(eps)
+        self.beta, self.beta_final, self.beta_anneal_steps = float(beta), float(beta_final), int(beta_anneal_steps)
+        self.is_target, self.is_normalize = is_target, is_normalize
+        self.rng = np.random.default_rng(seed)
+        # Exponent of the base priority and decay rate of the log-leaf, per mode.
+        self._a = 0.0 if mode == "uniform" else self.alpha
+        self._rate = self.alpha / self.tau if mode in ("fresh", "refresh") else 0.0
+        self._p = np.zeros(self.capacity)  # base priorities, floored at eps
+        self._logp = np.zeros(self.capacity)
+        self._t = np.zeros(self.capacity)  # step at collection
+        self._ids = np.full(self.capacity, -1, dtype=np.int64)
+        self._items: list[Any] = [None] * self.capacity
+        self._size = self._cursor = self._next_id = 0
+        self._t_ref = 0.0  # fresh: reference step of the leaves; refresh: step of the last rescan
+        self.rebases = 0  # how many O(N) rebases happened (fresh) / rescans (refresh)
+        self._sum = SumTree(self.capacity)
+        self._min = MinTree(self.capacity) if is_normalize == "buffer" else None
+        self._lock = threading.RLock()
+
+    # -- priorities ------------------------------------------------------------------------------
+
+    def _log_leaf(self, slots: np.ndarray | slice) -> np.ndarray:
+        return self._a * self._logp[slots] + self._rate * (self._t[slots] - self._t_ref)
+
+    def _leaf(self, slots: np.ndarray | slice) -> np.ndarray:
+        if self.mode == "refresh":  # the paper's form, recomputed for every item at every step
+            age = self._t_ref - self._t[slots]
+            return np.power(self._p[slots] * np.exp(-age / self.tau), self.alpha)
+        return np.exp(self._log_leaf(slots))
+
+    def _is_key(self, slots: np.ndarray | slice) -> np.ndarray:
+        """log of the IS weight's denominator, up to a constant: ``w_i = exp(-beta * (key_i - key_ref))``."""
+        key = self._a * self._logp[slots]
+        if self.is_target == "uniform":
+            key = key + self._rate * self._t[slots]
+        return key
+
+    def _rebuild(self) -> None:
+        n = self._size
+        self._sum.rebuild(self._leaf(slice(0, n)))
+        if self._min is not None:
+            self._min.rebuild(self._is_key(slice(0, n)))
+
+    def _maybe_rebase(self, slots: np.ndarray) -> None:
+        if self.mode == "fresh" and len(slots) and self._log_leaf(slots).max() > REBASE_LOG:
+            self._t_ref = float(self._t[: self._size].max())
+            self.rebases += 1
+            log.debug("replay rebase #%d to t_ref=%s over %d items", self.rebases, self._t_ref, self._size)
+            self._sum.rebuild(self._leaf(slice(0, self._size)))
+
+    def _check_priorities(self, priorities: Sequence[float] | np.ndarray, n: int) -> np.ndarray:
+        p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if len(p) != n:
+            raise ValueError(f"got {n} items/indices but {len(p)} priorities")
+        if not np.all(np.isfinite(p)) or np.any(p < 0):
+            raise ValueError("priorities must be finite and >= 0")
+        return np.maximum(p, self.eps)
+
+    def advance(self, step: float) -> None:
+        """Tell the buffer the optimizer step. ``fresh``/``per``/``uniform``: nothing to do, O(1).
+        ``refresh``: the paper's pass, rescaling every stored priority and rebuilding, O(N)."""
+        with self._lock:
+            if self.mode == "refresh" and step != self._t_ref:
+                self._t_ref = float(step)
+                self.rebases += 1
+                self._sum.rebuild(self._leaf(slice(0, self._size)))
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, items: Iterable[Any], priorities: Sequence[float] | np.ndarray, step: float) -> np.ndarray:
+        """Store ``items`` collected at optimizer ``step`` with base ``priorities`` (floored at
+        ``eps``); the oldest items are evicted when full. Returns their ids. O(n + log N)."""
+        items = list(items)
+        p = self._check_priorities(priorities, len(items))
+        with self._lock:
+            self.advance(step)
+            n, cap = len(items), self.capacity
+            ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
+            if n > cap:  # only the last `capacity` survive; skip writing the rest
+                skip = n - cap
+                self._cursor, self._next_id = (self._cursor + skip) % cap, self._next_id + skip
+                items, p, n = items[skip:], p[skip:], cap
+            start = self._cursor
+            slots = (start + np.arange(n)) % cap
+            self._p[slots], self._logp[slots], self._t[slots] = p, np.log(p), float(step)
+            self._ids[slots] = np.arange(self._next_id, self._next_id + n)
+            for slot, item in zip(slots.tolist(), items):
+                self._items[slot] = item
+            self._size = min(self._size + n, cap)
+            self._cursor, self._next_id = (start + n) % cap, self._next_id + n
+            before = self.rebases
+            self._maybe_rebase(slots)
+            if self.rebases == before:
+                first = min(n, cap - start)
+                self._sum.set_range(start, self._leaf(slots[:first]))
+                if first < n:
+                    self._sum.set_range(0, self._leaf(slots[first:]))
+            if self._min is not None:
+                self._min.set(slots, self._is_key(slots))
+            return ids
+
+    def update_priorities(self, indices: Sequence[int] | np.ndarray, priorities: Sequence[float] | np.ndarray) -> int:
+        """Set new base priorities for item ids; ids evicted since sampling are skipped.
+        Returns how many were updated."""
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        p = self._check_priorities(priorities, len(ids))
+        with self._lock:
+            live = (ids >= self._next_id - self._size) & (ids < self._next_id)
+            if not live.all():
+                log.debug("update_priorities: skipping %d evicted ids", int((~live).sum()))
+            slots, p = ids[live] % self.capacity, p[live]
+            self._p[slots], self._logp[slots] = p, np.log(p)
+            before = self.rebases
+            self._maybe_rebase(slots)
+            if self.rebases == before:
+                self._sum.set(slots, self._leaf(slots))
+            if self._min is not None:
+                self._min.set(slots, self._is_key(slots))
+            return int(live.sum())
+
+    def beta_at(self, step: float) -> float:
+        """beta annealed linearly from ``beta`` to ``beta_final`` over ``beta_anneal_steps``."""
+        if self.beta_anneal_steps == 0:
+            return self.beta_final
+        frac = min(max(step / self.beta_anneal_steps, 0.0), 1.0)
+        return self.beta + (self.beta_final - self.beta) * frac
+
+    def sample(self, batch_size: int, step: float) -> ReplaySample:
+        """Draw ``batch_size`` items with replacement, one per equal-mass stratum.
+        O(B log N); in ``refresh`` mode a changed ``step`` first costs the O(N) rescan."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        with self._lock:
+            if self._size == 0:
+                raise ValueError("cannot sample from an empty replay buffer")
+            self.advance(step)
+            total = self._sum.total
+            u = self.rng.random(batch_size)
+            u += np.arange(batch_size)
+            u *= total / batch_size
+            slots = self._sum.find(u)
+            np.minimum(slots, self._size - 1, out=slots)
+            key = self._is_key(slots)
+            ref = key.min() if self._min is None else self._min.root
+            weights = np.exp((ref - key) * self.beta_at(step))
+            items = list(itemgetter(*slots.tolist())(self._items)) if batch_size > 1 else [self._items[slots[0]]]
+            return ReplaySample(items, self._ids[slots], weights, step - self._t[slots])
+
+    def _order(self) -> np.ndarray:
+        """Stored slots from oldest to newest."""
+        if self._size < self.capacity:
+            return np.arange(self._size)
+        return (self._cursor + np.arange(self.capacity)) % self.capacity
+
+    def probabilities(self, step: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, P)``: the exact sampling distribution at ``step`` over stored items, oldest first."""
+        with self._lock:
+            self.advance(step)
+            slots = self._order()
+            leaves = self._sum.leaves[slots]
+            return self._ids[slots].copy(), leaves / leaves.sum()
+
+    def items(self) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
+        """``(ids, items, base priorities, steps)`` of the stored items, oldest first."""
+        with self._lock:
+            slots = self._order()
+            return self._ids[slots].copy(), [self._items[s] for s in slots], self._p[slots].copy(), self._t[slots].copy()
+
+    def age_stats(self, step: float, edges: Sequence[float] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)) -> dict[str, Any]:
+        """Ages of stored items for logging: size, mean/min/max, a histogram over ``edges``
+        (last bucket open-ended) and the sampling mass per bucket."""
+        with self._lock:
+            n = self._size
+            if n == 0:
+                return {"size": 0}
+            ages = step - self._t[:n]
+            bucket = np.searchsorted(np.asarray(edges, dtype=np.float64), ages, side="right") - 1
+            bucket = np.clip(bucket, 0, len(edges) - 1)
+            leaves = self._sum.leaves[:n]
+            return {
+                "size": n,
+                "age_mean": float(ages.mean()),
+                "age_min": float(ages.min()),
+                "age_max": float(ages.max()),
+                "age_edges": list(edges),
+                "age_hist": np.bincount(bucket, minlength=len(edges)).tolist(),
+                "age_mass": (np.bincount(bucket, weights=leaves, minlength=len(edges)) / leaves.sum()).tolist(),
+            }
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike, codec: ItemCodec | None = None) -> None:
+        """Write the whole buffer atomically (temp file, fsync, rename); items via ``codec``."""
+        with self._lock:
+            n = self._size
+            offsets, data = pack_items(self._items[:n], codec or DefaultCodec())
+            meta = {k: getattr(self, k) for k in _CONFIG_KEYS}
+            meta.update(
+                version=_FORMAT_VERSION, size=n, cursor=self._cursor, next_id=self._next_id,
+                t_ref=self._t_ref, rebases=self.rebases, rng=self.rng.bit_generator.state,
+            )
+            arrays = {"p": self._p[:n], "t": self._t[:n], "ids": self._ids[:n], "item_offsets": offsets, "item_data": data}
+            write_checkpoint(path, meta, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, codec: ItemCodec | None = None) -> "ReplayBuffer":
+        """Rebuild a buffer from ``save``: same items, priorities, steps, cursor and RNG state,
+        so it samples exactly what the saved one would have."""
+        meta, arrays = read_checkpoint(path, ("p", "t", "ids", "item_offsets", "item_data"))
+        if meta.get("version") != _FORMAT_VERSION:
+            raise ReplayCheckpointError(f"{path!r}: unsupported replay format version {meta.get('version')}")
+        try:
+            buf = cls(**{k: meta[k] for k in _CONFIG_KEYS})
+            n = int(meta["size"])
+            if not (len(arrays["p"]) == len(arrays["t"]) == len(arrays["ids"]) == n <= buf.capacity):
+                raise ValueError("array lengths disagree with the stored size")
+            items = unpack_items(arrays["item_offsets"], arrays["item_data"], codec or DefaultCodec())
+            buf.rng.bit_generator.state = meta["rng"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayCheckpointError(f"replay checkpoint {path!r} is inconsistent: {exc}") from exc
+        buf._p[:n], buf._t[:n], buf._ids[:n] = arrays["p"], arrays["t"], arrays["ids"]
+        buf._logp[:n] = np.log(buf._p[:n])
+        buf._items[:n] = items
+        buf._size, buf._cursor, buf._next_id = n, int(meta["cursor"]), int(meta["next_id"])
+        buf._t_ref, buf.rebases = float(meta["t_ref"]), int(meta["rebases"])
+        buf._rebuild()
+        return buf
