@@ -1,0 +1,157 @@
+"""Registry: id grammar, duplicates, did-you-mean, gymnasium.make, plugins, ``python -m envs list``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import envs
+from envs import registry
+from envs.__main__ import list_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN_SRC = Path(__file__).parent / "fixtures" / "freshper_demo_plugin"
+BUILTIN_IDS = ["freshper/FrozenLake-v0", "freshper/FrozenLakeVision-v0", "freshper/Sokoban-v0", "freshper/SokobanVision-v0"]
+
+
+@pytest.fixture
+def scratch_registry():
+    """Undo every registration a test makes (ours and gymnasium's)."""
+    tasks, gym_ids, plugins = dict(registry._TASKS), set(gym.registry), set(registry._LOADED_PLUGINS)
+    yield
+    registry._TASKS.clear()
+    registry._TASKS.update(tasks)
+    registry._LOADED_PLUGINS.clear()
+    registry._LOADED_PLUGINS.update(plugins)
+    for env_id in set(gym.registry) - gym_ids:
+        del gym.registry[env_id]
+
+
+def _run(args: list[str], pythonpath: list[str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*(pythonpath or []), str(REPO)])
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_builtin_tasks_are_registered_with_modality() -> None:
+    specs = {s.id: s for s in envs.registered_tasks()}
+    for env_id in BUILTIN_IDS:
+        assert env_id in specs and env_id in gym.registry
+    assert specs["freshper/FrozenLakeVision-v0"].modality == "vision"
+    assert specs["freshper/FrozenLake-v0"].kwargs == {"size": 4}
+
+
+@pytest.mark.parametrize(
+    "bad_id",
+    ["FrozenLake-v0", "freshper/frozenLake-v0", "freshper/FrozenLake", "freshper/FrozenLake-vX",
+     "Freshper/FrozenLake-v0", "freshper/Frozen Lake-v0", "", None],
+)
+def test_malformed_ids_are_rejected_with_the_grammar(bad_id, scratch_registry) -> None:
+    with pytest.raises(envs.RegistrationError, match="namespace/Name-vN"):
+        envs.register(bad_id, "envs.frozenlake:FrozenLakeEnv", modality="text")
+
+
+def test_modality_must_be_text_or_vision(scratch_registry) -> None:
+    with pytest.raises(envs.RegistrationError, match="'text' or 'vision'"):
+        envs.register("testns/Thing-v0", "envs.frozenlake:FrozenLakeEnv", modality="audio")
+
+
+def test_duplicate_registration_errors_unless_override(scratch_registry) -> None:
+    envs.register("testns/Lake-v0", "envs.frozenlake:FrozenLakeEnv", modality="text", kwargs={"size": 3})
+    with pytest.raises(envs.RegistrationError, match="already registered.*bump the version"):
+        envs.register("testns/Lake-v0", "envs.frozenlake:FrozenLakeEnv", modality="text")
+    envs.register("testns/Lake-v0", "envs.frozenlake:FrozenLakeEnv", modality="text", kwargs={"size": 5}, override=True)
+    assert gym.make("testns/Lake-v0").unwrapped.nrow == 5
+
+
+def test_unknown_id_suggests_close_ids() -> None:
+    with pytest.raises(KeyError, match="Did you mean 'freshper/FrozenLake-v0'") as err:
+        envs.make("freshper/FrozenLak-v0")
+    assert "python -m envs list" in str(err.value) and not str(err.value).startswith('"')
+
+
+def test_gymnasium_make_passes_kwargs_over_defaults() -> None:
+    env = gym.make("freshper/FrozenLake-v0", size=5, is_slippery=True, max_turns=3)
+    lake = env.unwrapped
+    assert (lake.nrow, lake.is_slippery, lake.max_turns) == (5, True, 3)
+    assert envs.make("freshper/FrozenLake-v0").unwrapped.nrow == 4
+
+
+def test_unloadable_entry_point_is_listed_and_explained(scratch_registry) -> None:
+    envs.register("testns/Missing-v0", "no_such_module_xyz:Env", modality="text", description="not installed")
+    out = io.StringIO()
+    list_tasks(out)
+    assert "testns/Missing-v0" in out.getvalue() and "not installed" in out.getvalue()
+    with pytest.raises(ImportError, match="no_such_module_xyz:Env.*installed"):
+        envs.make("testns/Missing-v0")
+
+
+def _register_dummy() -> None:
+    envs.register("testns/Dummy-v0", "envs.frozenlake:FrozenLakeEnv", modality="text")
+
+
+def test_plugins_load_once_and_a_broken_one_is_not_fatal(monkeypatch, scratch_registry, caplog) -> None:
+    group = envs.ENTRY_POINT_GROUP
+    fake = [
+        importlib.metadata.EntryPoint(name="broken", value="no_such_module_xyz:register", group=group),
+        importlib.metadata.EntryPoint(name="good", value=f"{__name__}:_register_dummy", group=group),
+    ]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: fake if group == envs.ENTRY_POINT_GROUP else [])
+    assert envs.load_plugins() == ["good"]
+    assert "broken" in caplog.text
+    assert envs.task_spec("testns/Dummy-v0").source == __name__.split(".")[0]
+    assert envs.load_plugins() == []  # already loaded: no duplicate-registration errors
+
+
+def test_cli_list_shows_every_task() -> None:
+    result = _run(["-m", "envs", "list"])
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0].split()
+    assert header == ["id", "modality", "defaults", "description", "source"]
+    for spec in envs.registered_tasks():
+        line = next(l for l in result.stdout.splitlines() if l.startswith(spec.id + " "))
+        assert spec.modality in line and spec.source in line
+    assert "size=4" in result.stdout
+    rows = [json.loads(l) for l in _run(["-m", "envs", "list", "--json"]).stdout.splitlines()]
+    assert {r["id"] for r in rows} == {s.id for s in envs.registered_tasks()}
+
+
+@pytest.fixture(scope="module")
+def installed_plugin(tmp_path_factory) -> Path:
+    """pip-install the throw-away plugin package into a temporary --target dir (venv untouched)."""
+    src = tmp_path_factory.mktemp("plugin_src") / "pkg"
+    shutil.copytree(PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = tmp_path_factory.mktemp("plugin_target")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+           "--disable-pip-version-check", "--quiet", "--target", str(target), str(src)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if result.returncode != 0:
+        pytest.fail(f"could not pip-install the test plugin: {result.stderr[-2000:]}")
+    return target
+
+
+def test_installed_plugin_package_registers_its_task(installed_plugin: Path) -> None:
+    listing = _run(["-m", "envs", "list"], pythonpath=[str(installed_plugin)])
+    assert listing.returncode == 0, listing.stderr
+    line = next(l for l in listing.stdout.splitlines() if l.startswith("demoplugin/GuessDigit-v0"))
+    assert "freshper-demo-plugin" in line and "max_turns=4" in line
+    script = (
+        "import envs, gymnasium as gym\n"
+        "env = gym.make('demoplugin/GuessDigit-v0')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "secret = env.unwrapped.secret\n"
+        "print(env.step(f'<answer>{secret}</answer>')[1:3], env.unwrapped.max_turns, envs.load_plugins())\n"
+    )
+    played = _run(["-c", script], pythonpath=[str(installed_plugin)])
+    assert played.returncode == 0, played.stderr
+    assert played.stdout.strip() == "(1.0, True) 4 []"
+    assert "demoplugin" not in _run(["-m", "envs", "list"]).stdout  # nothing leaked into the venv
