@@ -1,0 +1,278 @@
+"""``freshper/SearchQA-v0``: answer a question by searching a corpus, Search-R1 style.
+
+Each reply may reason freely and must contain one action tag:
+
+- ``<search>query</search>``: the next observation holds the top-k passages, numbered, inside
+  ``<information>...</information>`` (each passage cut to ``passage_chars`` characters);
+- ``<answer>text</answer>``: the episode ends (``terminated``); the reward is exact match
+  (:mod:`envs.search.metrics`), ``info["em"]`` and ``info["f1"]`` report both scores.
+
+Parsing rules: tags are case-insensitive; if a reply holds several complete tags, the one that
+*closes first* counts (Search-R1 stops generating at ``</search>``, so text after it is
+unseen). A reply with neither tag, or an empty query, is invalid (format penalty, no change).
+Queries longer than ``max_query_chars`` are cut. A search after ``max_searches`` searches ends
+the episode (``terminated``, reward 0, ``info["search_limit"] = True``); ``max_turns`` ends it
+with ``truncated``. If retrieval fails (service down after retries), the episode ends with
+``truncated=True``, reward 0, ``info["failed"] = True`` and ``info["error"]``, so a runner can
+drop it from learning; ``on_retrieval_error="raise"`` raises :class:`RetrievalError` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from envs.base import MultiTurnEnv
+from envs.search.data import Question, load_questions
+from envs.search.metrics import exact_match, f1_score
+from envs.search.retriever import BM25Retriever, CachedRetriever, HTTPRetriever, Passage, RetrievalError, Retriever
+
+logger = logging.getLogger(__name__)
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_SHARED: dict[tuple[str, str], Retriever] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def first_action(reply: str) -> tuple[str, str] | None:
+    """``(tag, content)`` of the first complete ``<search>`` or ``<answer>`` in ``reply``, else None.
+
+    "First" means the earliest closing tag; the content runs from the nearest opening tag
+    before it. Linear time on any input.
+    """
+    lower = reply.translate(_ASCII_LOWER)
+    best: tuple[int, str, str] | None = None
+    for tag in ("search", "answer"):
+        open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+        start = lower.find(open_tag)
+        if start < 0:
+            continue
+        close = lower.find(close_tag, start + len(open_tag))
+        if close < 0:
+            continue
+        start = lower.rfind(open_tag, start, close)
+        if best is None or close < best[0]:
+            best = (close, tag, reply[start + len(open_tag) : close].strip())
+    return None if best is None else (best[1], best[2])
+
+
+def shared_retriever(corpus: str | Path | None = None, retrieval_url: str | None = None, *,
+                     timeout: float = 10.0, retries: int = 3, backoff: float = 0.5) -> Retriever:
+    """One cached retriever per corpus or URL per process, shared by every env that uses it.
+
+    Sharing means 64 envs build one BM25 index, and :func:`batch_search` can send their
+    queries in one call.
+    """
+    key = ("url", retrieval_url) if retrieval_url else ("corpus", str(Path(corpus).resolve()) if corpus else "")
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            if retrieval_url:
+                inner: Retriever = HTTPRetriever(retrieval_url, timeout=timeout, retries=retries, backoff=backoff)
+            else:
+                if corpus is None:
+                    from envs.search.kb import default_paths
+
+                    corpus = default_paths()["corpus"]
+                inner = BM25Retriever(corpus)
+            _SHARED[key] = CachedRetriever(inner)
+        return _SHARED[key]
+
+
+class SearchQAEnv(MultiTurnEnv):
+    """Question answering with a search tool (see the module docstring for the exact rules)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    modality = "text"
+
+    def __init__(
+        self,
+        *,
+        questions: str | Path | Sequence[Question] | None = None,
+        corpus: str | Path | None = None,
+        retrieval_url: str | None = None,
+        retriever: Retriever | None = None,
+        split: str = "train",
+        topk: int = 3,
+        max_turns: int = 6,
+        max_searches: int = 4,
+        passage_chars: int = 400,
+        max_query_chars: int = 512,
+        on_retrieval_error: str = "fail",
+        retrieval_timeout: float = 10.0,
+        retrieval_retries: int = 3,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns, format_penalty=format_penalty, render_mode=render_mode)
+        if on_retrieval_error not in ("fail", "raise"):
+            raise ValueError(f"on_retrieval_error must be 'fail' or 'raise', got {on_retrieval_error!r}")
+        if topk < 1 or max_searches < 0 or passage_chars < 1 or max_query_chars < 1:
+            raise ValueError("topk, passage_chars and max_query_chars must be >= 1 and max_searches >= 0")
+        if questions is None:
+            if split not in ("train", "test"):
+                raise ValueError(f"split must be 'train' or 'test' for the default questions, got {split!r}")
+            from envs.search.kb import default_paths
+
+            questions = default_paths()[split]
+        self.questions = list(questions) if not isinstance(questions, (str, Path)) else load_questions(questions)
+        if not self.questions:
+            raise ValueError("no questions given")
+        self.retriever = retriever or shared_retriever(corpus, retrieval_url, timeout=retrieval_timeout,
+                                                       retries=retrieval_retries)
+        self.topk, self.max_searches = int(topk), int(max_searches)
+        self.passage_chars, self.max_query_chars = int(passage_chars), int(max_query_chars)
+        self.on_retrieval_error = on_retrieval_error
+        self.question = self.questions[0]
+        self._prefetched: tuple[str, int, list[Passage] | RetrievalError] | None = None
+        self._clear_episode()
+        self._build_spaces()
+
+    def _clear_episode(self) -> None:
+        self.searches = 0
+        self.answer: str | None = None
+        self.em = self.f1 = 0.0
+        self.failed, self.error, self.search_limit = False, "", False
+        self.transcript: list[str] = []
+
+    # -- MultiTurnEnv hooks ----------------------------------------------------------------
+    def _reset_task(self, options: dict[str, Any] | None) -> None:
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.questions)))
+        self.question = self.questions[int(index) % len(self.questions)]
+        self._prefetched = None
+        self._clear_episode()
+
+    def instructions(self) -> str:
+        return (
+            "Answer the question. You can search a knowledge base: write <search>your query</search> "
+            f"and the top {self.topk} passages come back between <information> and </information>. "
+            f"You may search up to {self.max_searches} times. When you know the answer, write "
+            "<answer>the answer</answer> with only the short answer (a name, place or year). "
+            "You may reason before the tag; only the first <search> or <answer> in a reply counts, "
+            "e.g. <search>Acme Works founder</search> or <answer>Paris</answer>."
+        )
+
+    def state_text(self) -> str:
+        return f"Question: {self.question.question}\nSearches left: {self.max_searches - self.searches}."
+
+    def parse_action(self, reply: str) -> tuple[Any, str | None]:
+        action = first_action(reply)
+        if action is None:
+            return None, "no <search>query</search> or <answer>answer</answer> found; reply with one of them."
+        tag, content = action
+        if tag == "search":
+            if not content:
+                return None, "the search query is empty; write <search>your query</search>."
+            return ("search", content[: self.max_query_chars]), None
+        return action, None
+
+    def apply_action(self, action: tuple[str, str]) -> tuple[float, str, bool, bool]:
+        tag, content = action
+        if tag == "answer":
+            golds = self.question.golden_answers
+            self.answer, self.em, self.f1 = content, exact_match(content, golds), f1_score(content, golds)
+            self.transcript.append(f"answer: {content} -> {'correct' if self.em else 'wrong'}")
+            verdict = "correct" if self.em else "not correct"
+            return self.em, f"Your answer {content!r} is {verdict}.", True, bool(self.em)
+        if self.searches >= self.max_searches:
+            self.search_limit = True
+            self.transcript.append(f"search: {content} -> refused (no searches left)")
+            return 0.0, f"Search limit reached ({self.max_searches} searches) without an answer.", True, False
+        try:
+            passages = self._retrieve(content)
+        except RetrievalError as err:
+            if self.on_retrieval_error == "raise":
+                raise
+            logger.warning("retrieval failed; episode marked failed: %s", err)
+            self.failed, self.error = True, str(err)
+            self.transcript.append(f"search: {content} -> retrieval failed")
+            return 0.0, "The search service is unavailable; the episode is aborted.", True, False
+        self.searches += 1
+        self.transcript.append(f"search: {content} -> " + ", ".join(p.title for p in passages))
+        return 0.0, self.format_passages(passages), False, False
+
+    def task_info(self) -> dict[str, Any]:
+        return {"question": self.question.question, "golden_answers": list(self.question.golden_answers),
+                "searches": self.searches, "em": self.em, "f1": self.f1, "failed": self.failed,
+                "error": self.error, "search_limit": self.search_limit}
+
+    def render_text(self) -> str:
+        lines = [f"Question: {self.question.question}", *self.transcript]
+        if self.answer is not None:
+            lines.append(f"gold: {' | '.join(self.question.golden_answers)}")
+        return "\n".join(lines)
+
+    def step(self, action: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        self._prefetched = None
+        if self.failed:  # not a real end of the task: report it as cut short
+            terminated, truncated = False, True
+        return obs, reward, terminated, truncated, info
+
+    # -- retrieval ---------------------------------------------------------------------------
+    def format_passages(self, passages: list[Passage]) -> str:
+        """The ``<information>`` block: numbered passages, title then text cut to ``passage_chars``."""
+        if not passages:
+            return "<information>\nNo passages found.\n</information>"
+        lines = []
+        for n, p in enumerate(passages, 1):
+            text = p.text if len(p.text) <= self.passage_chars else p.text[: self.passage_chars].rstrip() + "..."
+            lines.append(f"Doc {n} (Title: {p.title}) {text}")
+        return "<information>\n" + "\n".join(lines) + "\n</information>"
+
+    def pending_query(self, reply: str) -> str | None:
+        """The query ``step(reply)`` would send to the retriever, or None if it would not search."""
+        if self._done or self.searches >= self.max_searches:
+            return None
+        parsed, error = self.parse_action(reply if isinstance(reply, str) else "")
+        if error is not None or parsed[0] != "search":
+            return None
+        return parsed[1][: self.max_query_chars]
+
+    def prefetch(self, query: str, result: list[Passage] | RetrievalError) -> None:
+        """Hand in the retrieval result for ``query``, used by the next ``step`` that searches it."""
+        self._prefetched = (query, self.topk, result)
+
+    def _retrieve(self, query: str) -> list[Passage]:
+        query = query[: self.max_query_chars]
+        if self._prefetched is not None and self._prefetched[:2] == (query, self.topk):
+            result = self._prefetched[2]
+            self._prefetched = None
+            if isinstance(result, RetrievalError):
+                raise result
+            return result
+        return self.retriever.search([query], self.topk)[0]
+
+
+def batch_search(envs: Sequence[Any], replies: Sequence[str]) -> int:
+    """Retrieve for every env whose reply is a search, one ``retriever.search`` call per retriever.
+
+    Call it before stepping each env with its reply; the results wait in the envs and ``step``
+    uses them instead of searching alone. Envs of other tasks (or wrapped ones without a
+    ``SearchQAEnv`` inside) are skipped, so a runner may call it for any batch. Returns the
+    number of queries sent.
+    """
+    groups: dict[tuple[int, int], tuple[Retriever, list[tuple[SearchQAEnv, str]]]] = {}
+    for env, reply in zip(envs, replies, strict=True):
+        inner = getattr(env, "unwrapped", env)
+        if not isinstance(inner, SearchQAEnv):
+            continue
+        query = inner.pending_query(reply)
+        if query is not None:
+            groups.setdefault((id(inner.retriever), inner.topk), (inner.retriever, []))[1].append((inner, query))
+    sent = 0
+    for (_, topk), (retriever, items) in groups.items():
+        unique = list(dict.fromkeys(q for _, q in items))
+        try:
+            hits: dict[str, list[Passage] | RetrievalError] = dict(zip(unique, retriever.search(unique, topk)))
+        except RetrievalError as err:
+            hits = {q: err for q in unique}
+        sent += len(unique)
+        for env, query in items:
+            env.prefetch(query, hits[query])
+    return sent
+
