@@ -1,0 +1,278 @@
+"""Sokoban as a multi-turn task, observed as XSB text or as a rendered image.
+
+Dynamics and rewards follow the common benchmark (gym-sokoban): -0.1 per move, +1 for a box
+pushed onto a goal, -1 for a box pushed off one, +10 when every box is on a goal (the episode
+then terminates with success). Walking into a wall or a blocked box is a valid move that
+changes nothing; only unparsable replies are invalid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.sokoban.generator import generate_room
+from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
+from envs.sokoban.xsb import LevelError, SokobanLevel, load_xsb, parse_xsb
+
+ACTIONS: tuple[str, ...] = ("Up", "Down", "Left", "Right")
+_ACTION_INDEX = {name.lower(): i for i, name in enumerate(ACTIONS)}
+#: Floor character of the text observation ("_" is XSB's alternative for floor; spaces are
+#: easy to lose in tokenisation). ``render_mode="ansi"`` uses the standard space.
+OBS_FLOOR = "_"
+STEP_PENALTY, BOX_ON_REWARD, BOX_OFF_PENALTY, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.0
+
+
+@dataclass(frozen=True)
+class SokobanPreset:
+    """Room size (walls included), boxes, turn limit and the generator's solution-length cap."""
+
+    size: tuple[int, int]
+    num_boxes: int
+    max_turns: int
+    max_solution_moves: int
+
+
+#: The optimal solution of every generated level needs at most ``max_solution_moves`` moves,
+#: which leaves a few spare turns below ``max_turns`` for a mistake or two.
+PRESETS: dict[str, SokobanPreset] = {
+    "simple": SokobanPreset((6, 6), 1, max_turns=10, max_solution_moves=8),
+    "hard": SokobanPreset((8, 8), 2, max_turns=25, max_solution_moves=20),
+    "large": SokobanPreset((10, 10), 3, max_turns=40, max_solution_moves=30),
+}
+LOADED_LEVEL_MAX_TURNS = 100
+
+
+class SokobanEnv(MultiTurnEnv):
+    """Push every box onto a goal; the board is shown as XSB text.
+
+    Levels are generated procedurally per ``reset`` (``preset`` or ``size``/``num_boxes``),
+    or taken from XSB: ``level`` (one level as a string) or ``levels_file`` (a collection;
+    ``reset`` draws a level from its seed, or ``options={"level_index": i}`` picks one).
+    """
+
+    modality: ClassVar[str] = "text"
+
+    def __init__(
+        self,
+        preset: str = "simple",
+        *,
+        size: int | tuple[int, int] | None = None,
+        num_boxes: int | None = None,
+        max_turns: int | None = None,
+        max_solution_moves: int | None = None,
+        level: str | None = None,
+        levels_file: str | Path | None = None,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+        tile_size: int = 28,
+        search_budget: int = 30_000,
+    ) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown Sokoban preset {preset!r}; choose one of {sorted(PRESETS)}")
+        p = PRESETS[preset]
+        self._levels: list[SokobanLevel] | None = None
+        if level is not None and levels_file is not None:
+            raise ValueError("pass either level= (one XSB string) or levels_file=, not both")
+        if level is not None or levels_file is not None:
+            if size is not None or num_boxes is not None:
+                raise ValueError("size/num_boxes describe generated rooms; they cannot be combined with XSB levels")
+            self._levels = [parse_xsb(level)] if level is not None else load_xsb(levels_file)  # type: ignore[arg-type]
+            max_turns = LOADED_LEVEL_MAX_TURNS if max_turns is None else max_turns
+        if isinstance(size, int):
+            size = (size, size)
+        self.size: tuple[int, int] = tuple(size) if size is not None else p.size  # type: ignore[assignment]
+        self.num_boxes = int(num_boxes) if num_boxes is not None else p.num_boxes
+        custom = size is not None or num_boxes is not None
+        if max_turns is None:
+            max_turns = self._default_turns() if custom else p.max_turns
+        if max_solution_moves is None:
+            cap = max(1, round(0.8 * max_turns)) if custom else p.max_solution_moves
+            max_solution_moves = min(cap, max_turns)
+        if max_solution_moves > max_turns:
+            raise ValueError(
+                f"max_solution_moves={max_solution_moves} exceeds max_turns={max_turns}: levels could be unsolvable in time"
+            )
+        super().__init__(max_turns=max_turns, format_penalty=format_penalty, render_mode=render_mode)
+        self.max_solution_moves = int(max_solution_moves)
+        self.search_budget = int(search_budget)
+        self.tile_size = int(tile_size)
+        if self._levels is not None:
+            grid = (max(lv.height for lv in self._levels), max(lv.width for lv in self._levels))
+        else:
+            grid = self.size
+        self.grid_shape: tuple[int, int] = grid
+        self.image_shape = (grid[0] * self.tile_size, grid[1] * self.tile_size, 3)
+        self.level: SokobanLevel | None = None
+        self.optimal_moves: int | None = None
+        self.level_index: int | None = None
+        self._boxes = np.zeros(0, dtype=bool)
+        self._player = 0
+        self._build_spaces()
+
+    def _default_turns(self) -> int:
+        """Turn limit for custom sizes, scaled like the presets: cells * sqrt(boxes) / 4, at least 10."""
+        cells = self.size[0] * self.size[1]
+        return max(10, int(round(cells * self.num_boxes ** 0.5 / 4)))
+
+    # -- the task -----------------------------------------------------------------------
+    def _reset_task(self, options: dict[str, Any] | None) -> None:
+        options = options or {}
+        if self._levels is not None:
+            idx = options.get("level_index")
+            if idx is None:
+                idx = int(self.np_random.integers(len(self._levels)))
+            if not 0 <= int(idx) < len(self._levels):
+                raise ValueError(f"level_index {idx} out of range: the file has {len(self._levels)} levels")
+            self.level_index = int(idx)
+            self.level, self.optimal_moves = self._levels[self.level_index], None
+        else:
+            room = generate_room(
+                self.np_random,
+                self.size[0],
+                self.size[1],
+                self.num_boxes,
+                self.max_solution_moves,
+                budget=self.search_budget,
+            )
+            self.level, self.optimal_moves, self.level_index = room.level, room.optimal_moves, None
+        self._boxes = np.zeros(self.level.height * self.level.width, dtype=bool)
+        self._boxes[list(self.level.boxes)] = True
+        self._player = self.level.player
+
+    def instructions(self) -> str:
+        return (
+            "Sokoban: push every box onto a goal.\n"
+            f"{self._legend()}\n"
+            "Each turn you move one cell: Up, Down, Left or Right. Walking into a box pushes it one "
+            "cell if the cell behind it is free (no wall or box); boxes cannot be pulled. Moving into "
+            "a wall or a blocked box does nothing.\n"
+            "Rewards: -0.1 per move, +1 for a box pushed onto a goal, -1 for a box pushed off a goal, "
+            "+10 when every box is on a goal (you win).\n"
+            f"You have {self.max_turns} moves. Reply with one move in answer tags, e.g. <answer>Up</answer>."
+        )
+
+    def _legend(self) -> str:
+        return (
+            f"Board legend: # wall, {OBS_FLOOR} floor, . goal, $ box, * box on a goal, "
+            "@ you, + you on a goal. Up is towards the first row."
+        )
+
+    def state_text(self) -> str:
+        return "Board:\n" + self._xsb(OBS_FLOOR)
+
+    def render_text(self) -> str:
+        """The current board in standard XSB (space for floor)."""
+        return self._xsb(" ")
+
+    def _xsb(self, floor: str) -> str:
+        assert self.level is not None, "call reset() first"
+        return self.level.to_xsb(self._boxes, self._player, floor=floor)
+
+    def parse_action(self, reply: str) -> tuple[Any, str | None]:
+        content = extract_tag(reply)
+        if content is None:
+            return None, "no <answer>...</answer> found; reply with one move, e.g. <answer>Up</answer>"
+        move = content.strip().strip(".!`'\"").strip().lower()
+        if move not in _ACTION_INDEX:
+            shown = content if len(content) <= 40 else content[:40] + "..."
+            return None, f"{shown!r} is not a move; answer with one of Up, Down, Left, Right"
+        return _ACTION_INDEX[move], None
+
+    def apply_action(self, action: int) -> tuple[float, str, bool, bool]:
+        assert self.level is not None, "call reset() first"
+        width = self.level.width
+        delta = (-width, width, -1, 1)[action]
+        name = ACTIONS[action]
+        walls, goals, boxes = self.level.walls, self.level.goals, self._boxes
+        target = self._player + delta
+        on_before = int((boxes & goals).sum())
+        if walls[target]:
+            feedback = f"You moved {name} into a wall; nothing changed."
+        elif boxes[target]:
+            beyond = target + delta
+            if walls[beyond] or boxes[beyond]:
+                feedback = f"The box {name} of you is blocked; nothing changed."
+            else:
+                boxes[target], boxes[beyond] = False, True
+                self._player = target
+                feedback = f"You pushed a box {name}."
+        else:
+            self._player = target
+            feedback = f"You moved {name}."
+        on_after = int((boxes & goals).sum())
+        reward = STEP_PENALTY
+        if on_after > on_before:
+            reward += BOX_ON_REWARD * (on_after - on_before)
+            feedback += " A box is now on a goal."
+        elif on_after < on_before:
+            reward += BOX_OFF_PENALTY * (on_before - on_after)
+            feedback += " A box left its goal."
+        solved = on_after == self.level.num_boxes
+        if solved:
+            reward += SOLVED_REWARD
+            feedback += " Every box is on a goal: solved!"
+        return reward, feedback, solved, solved
+
+    def task_info(self) -> dict[str, Any]:
+        on_goals = int((self._boxes & self.level.goals).sum()) if self.level is not None else 0
+        return {
+            "boxes_on_goals": on_goals,
+            "num_boxes": self.level.num_boxes if self.level is not None else self.num_boxes,
+            "optimal_moves": self.optimal_moves,
+            "level_index": self.level_index,
+        }
+
+    def cell_codes(self) -> np.ndarray:
+        """The current board as render cell codes, (rows, cols) int."""
+        assert self.level is not None, "call reset() first"
+        lv = self.level
+        codes = np.full(lv.height * lv.width, FLOOR, dtype=np.intp)
+        codes[lv.outside] = OUTSIDE
+        codes[lv.goals] = GOAL
+        codes[self._boxes] = BOX
+        codes[self._boxes & lv.goals] = BOX_ON_GOAL
+        codes[lv.walls] = WALL
+        codes[self._player] = PLAYER + int(lv.goals[self._player])
+        return codes.reshape(lv.height, lv.width)
+
+    def render_image(self) -> np.ndarray:
+        """The board as uint8 RGB, ``tile_size`` px per cell, padded to ``image_shape``."""
+        return render_cells(self.cell_codes(), self.tile_size, self.grid_shape)
+
+    # -- helpers for agents and training ------------------------------------------------
+    @staticmethod
+    def legal_actions() -> list[str]:
+        """Every move name; all are always legal (a blocked move is a no-op, not an error)."""
+        return list(ACTIONS)
+
+    @staticmethod
+    def format_reply(action: str) -> str:
+        """The canonical reply for a move name, e.g. ``"<answer>Up</answer>"``."""
+        key = action.strip().lower()
+        if key not in _ACTION_INDEX:
+            raise ValueError(f"unknown Sokoban move {action!r}; expected one of {list(ACTIONS)}")
+        return f"<answer>{ACTIONS[_ACTION_INDEX[key]]}</answer>"
+
+
+class SokobanVisionEnv(SokobanEnv):
+    """Sokoban observed as an image (same dynamics and seeds as :class:`SokobanEnv`)."""
+
+    modality: ClassVar[str] = "vision"
+
+    def _legend(self) -> str:
+        return (
+            "The board is the image: brown bricks are walls, beige is floor, red rings are goals, "
+            "orange crossed squares are boxes (green once on a goal), the blue disc is you. "
+            "Up is towards the top of the image."
+        )
+
+    def state_text(self) -> str:
+        return "Board:\n" + IMAGE_PLACEHOLDER
+
+
+__all__ = ["ACTIONS", "PRESETS", "SokobanEnv", "SokobanPreset", "SokobanVisionEnv", "LevelError"]
