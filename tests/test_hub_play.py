@@ -1,0 +1,86 @@
+"""The human play CLI, driven in-process with scripted input."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+
+import pytest
+from PIL import Image
+
+from envs.frozenlake import MAPS
+from envs.play import main, parse_kwargs, play, wrap_reply
+
+LAKE = {"desc": MAPS["4x4"]}  # SFFF / FHFH / FFFH / HFFG
+WINNING = ["right", "r", "<answer>Down</answer>", "down", "jump!", "down", "RIGHT"]
+
+
+def _play(lines: list[str], env_id: str = "freshper/FrozenLake-v0", **kw):
+    out = io.StringIO()
+    summary = play(env_id, seed=0, kwargs=kw.pop("kwargs", LAKE), stdin=io.StringIO("".join(l + "\n" for l in lines)),
+                   stdout=out, **kw)
+    return summary, out.getvalue()
+
+
+def test_scripted_episode_reaches_goal_and_summarises(tmp_path) -> None:
+    gif = tmp_path / "episode.gif"
+    summary, text = _play(WINNING, save_gif=str(gif))
+    assert (summary.turns, summary.success, summary.invalid_replies, summary.quit_early) == (7, True, 1, False)
+    assert summary.episode_return == pytest.approx(0.9)
+    assert "P F F F" in text and "You reached the goal!" in text and "(invalid reply)" in text
+    assert "Summary: 7 turns, return +0.90, success True, invalid replies 1" in text
+    assert summary.frames == 8
+    with Image.open(gif) as img:
+        assert img.size == (112, 112) and img.n_frames >= 6
+
+
+def test_quit_and_end_of_input_stop_the_episode() -> None:
+    summary, text = _play(["down", "q"])
+    assert (summary.turns, summary.quit_early, summary.success) == (1, True, False)
+    assert _play([])[0].quit_early
+
+
+def test_vision_task_shows_the_text_rendering_of_the_image() -> None:
+    _, text = _play(["down", "q"], env_id="freshper/FrozenLakeVision-v0")
+    assert "the model sees a picture of" in text and "P F F F" in text
+
+
+def test_model_player_proposes_and_enter_accepts(monkeypatch) -> None:
+    calls: list = []
+
+    class FakePlayer:
+        def __init__(self, path, env_id):
+            calls.append(("init", path, env_id))
+
+        def reset(self, obs, info):
+            calls.append(("reset", info["turn"]))
+
+        def act(self, obs):
+            return "<answer>Right</answer>"
+
+    monkeypatch.setitem(sys.modules, "agents.interactive", types.SimpleNamespace(ModelPlayer=FakePlayer))
+    # Enter accepts Right twice, then the user takes over with Down x3, then Enter: Right -> goal.
+    summary, text = _play(["", "", "down", "down", "down", ""], use_model=True, model="ckpt")
+    assert calls[:2] == [("init", "ckpt", "freshper/FrozenLake-v0"), ("reset", 0)]
+    assert summary.success and summary.turns == 6
+    assert "model> <answer>Right</answer>" in text
+
+
+def test_missing_model_player_gives_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "agents.interactive", None)
+    with pytest.raises(RuntimeError, match="ModelPlayer.*without --model"):
+        _play([], use_model=True)
+
+
+def test_cli_main_exit_codes(capsys) -> None:
+    assert main(["freshper/FrozenLak-v0"]) == 2
+    assert "Did you mean 'freshper/FrozenLake-v0'" in capsys.readouterr().err
+    assert main(["freshper/FrozenLake-v0", "--kw", "size"]) == 2
+
+
+def test_reply_wrapping_and_kwargs_parsing() -> None:
+    assert wrap_reply(" up\n") == "<answer>up</answer>"
+    assert wrap_reply("<search>who</search>") == "<search>who</search>"
+    assert parse_kwargs(["size=8", "is_slippery=true", "preset=hard", "desc=['SF','FG']"]) == {
+        "size": 8, "is_slippery": True, "preset": "hard", "desc": ["SF", "FG"]}
