@@ -84,7 +84,6 @@ def random_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> list[
         raise ValueError(f"FrozenLake size must be >= 2, got {size}")
     if not 0.0 < p <= 1.0:
         raise ValueError(f"frozen probability p must be in (0, 1], got {p}")
-    p = min(1.0, p)
     while True:
         board = rng.choice(["F", "H"], (size, size), p=[p, 1 - p])
         board[0][0] = "S"
