@@ -1,0 +1,322 @@
+"""Sokoban: solvability of generated levels (independent solver), rewards, XSB, parsing, seeding."""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from collections import deque
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs  # noqa: F401  (registers the tasks)
+from envs.base import IMAGE_PLACEHOLDER
+from envs.sokoban import PRESETS, LevelError, SokobanEnv, SokobanVisionEnv, load_xsb, parse_xsb
+
+# -- an independent solver: A* over push states with exact move costs ---------------------------
+
+
+def _live_cells(walls: frozenset, goals: frozenset, width: int) -> frozenset:
+    """Cells from which a lone box can still reach some goal (pull closure from the goals)."""
+    live, todo = set(goals), deque(goals)
+    while todo:
+        cell = todo.popleft()
+        for d in (-width, width, -1, 1):
+            src, stand = cell - d, cell - 2 * d  # a box at src pushed by a player at stand
+            if src not in walls and stand not in walls and src not in live:
+                live.add(src)
+                todo.append(src)
+    return frozenset(live)
+
+
+def solve_moves(xsb: str, limit: int) -> int | None:
+    """Fewest moves that solve ``xsb`` if at most ``limit``, else None.
+
+    A* over the states right after each push: the cost of a push is the player's walk to the
+    cell behind the box (a BFS) plus one. The heuristic (sum of each box's Manhattan distance
+    to its nearest goal) never overestimates, since every push moves one box one cell.
+    """
+    rows = xsb.split("\n")
+    width = max(len(r) for r in rows)
+    cells = "".join(r.ljust(width) for r in rows)
+    walls = frozenset(i for i, ch in enumerate(cells) if ch == "#")
+    goals = frozenset(i for i, ch in enumerate(cells) if ch in ".*+")
+    boxes = frozenset(i for i, ch in enumerate(cells) if ch in "$*")
+    player = next(i for i, ch in enumerate(cells) if ch in "@+")
+    live = _live_cells(walls, goals, width)
+    goal_rc = [divmod(g, width) for g in goals]
+
+    def h(bx: frozenset) -> int:
+        total = 0
+        for b in bx:
+            r, c = divmod(b, width)
+            total += min(abs(r - gr) + abs(c - gc) for gr, gc in goal_rc)
+        return total
+
+    if boxes == goals:
+        return 0
+    best = {(player, boxes): 0}
+    heap = [(h(boxes), 0, player, boxes)]
+    while heap:
+        f, g, p, bx = heapq.heappop(heap)
+        if best.get((p, bx), 1 << 30) < g:
+            continue
+        if bx == goals:
+            return g
+        dist = {p: 0}
+        todo = deque([p])
+        while todo:
+            cell = todo.popleft()
+            for d in (-width, width, -1, 1):
+                nxt = cell + d
+                if nxt not in dist and nxt not in walls and nxt not in bx:
+                    dist[nxt] = dist[cell] + 1
+                    todo.append(nxt)
+        for b in bx:
+            for d in (-width, width, -1, 1):
+                stand, target = b - d, b + d
+                if stand not in dist or target in walls or target in bx or target not in live:
+                    continue
+                nb = (bx - {b}) | {target}
+                ng = g + dist[stand] + 1
+                nf = ng + h(nb)
+                if nf <= limit and ng < best.get((b, nb), 1 << 30):
+                    best[(b, nb)] = ng
+                    heapq.heappush(heap, (nf, ng, b, nb))
+    return None
+
+
+def test_solver_on_known_levels():
+    assert solve_moves("#####\n#@$.#\n#####", 5) == 1
+    assert solve_moves("######\n#@ $.#\n######", 5) == 2
+    assert solve_moves("######\n#@ $.#\n######", 1) is None
+    assert solve_moves("####\n#@$#\n# .#\n####", 20) is None  # box in a corner
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_generated_levels_are_solvable_within_turn_limit(preset):
+    """For 500 seeds an independent solver finds the generator's claimed optimum, within the limit."""
+    env = SokobanEnv(preset=preset, render_mode="ansi")
+    for seed in range(500):
+        _, info = env.reset(seed=seed)
+        xsb = env.render()
+        moves = solve_moves(xsb, env.max_turns)
+        assert moves is not None, f"seed {seed}: unsolvable in {env.max_turns} moves:\n{xsb}"
+        assert moves == info["optimal_moves"], f"seed {seed}: solver {moves} != generator {info['optimal_moves']}"
+        assert 1 <= moves <= env.max_solution_moves <= env.max_turns
+        assert info["num_boxes"] == PRESETS[preset].num_boxes
+        assert xsb.count("$") + xsb.count("*") == PRESETS[preset].num_boxes
+        assert len(xsb.split("\n")) == PRESETS[preset].size[0]
+
+
+def test_custom_size_and_boxes():
+    env = SokobanEnv(size=(7, 9), num_boxes=2)
+    _, info = env.reset(seed=1)
+    rows = env.render_text().split("\n")
+    assert len(rows) == 7 and info["num_boxes"] == 2
+    assert solve_moves(env.render_text(), env.max_turns) == info["optimal_moves"]
+
+
+# -- gymnasium contract -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", ["freshper/Sokoban-v0", "freshper/SokobanVision-v0"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_check_env_passes(env_id, preset):
+    for mode in ("ansi", "rgb_array"):
+        env = gymnasium.make(env_id, preset=preset, render_mode=mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a checker warning is a failure
+            check_env(env.unwrapped, skip_render_check=False)
+
+
+def test_seeded_reset_is_deterministic_and_seeds_differ():
+    a, b = SokobanEnv(preset="hard"), SokobanEnv(preset="hard")
+    boards = set()
+    for seed in range(5):
+        oa, ia = a.reset(seed=seed)
+        ob, ib = b.reset(seed=seed)
+        assert oa == ob and ia == ib
+        boards.add(a.render_text())
+    assert len(boards) == 5
+
+
+def test_text_and_vision_share_levels_and_dynamics():
+    text, vision = SokobanEnv(), SokobanVisionEnv()
+    text.reset(seed=7)
+    obs, _ = vision.reset(seed=7)
+    assert text.render_text() == vision.render_text()
+    assert IMAGE_PLACEHOLDER in obs["text"] and "#" not in obs["text"].split("Board:")[-1]
+    assert obs["image"].dtype == np.uint8 and obs["image"].shape == (6 * 28, 6 * 28, 3)
+    for move in ["Left", "Down", "Right", "Up", "Down"]:
+        r1 = text.step(SokobanEnv.format_reply(move))
+        r2 = vision.step(SokobanEnv.format_reply(move))
+        assert r1[1:] == r2[1:]
+        assert text.render_text() == vision.render_text()
+        if r1[2] or r1[3]:
+            break
+
+
+def test_image_shows_the_state():
+    env = SokobanVisionEnv(level="#####\n#@$.#\n#####", tile_size=16, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0)
+    assert obs["image"].shape == (48, 80, 3)
+    before = obs["image"].copy()
+    obs, *_ = env.step("<answer>Right</answer>")
+    assert not np.array_equal(before, obs["image"])
+    assert np.array_equal(env.render(), obs["image"])
+
+
+# -- rewards on hand-made levels ----------------------------------------------------------------
+
+
+def _play(env: SokobanEnv, moves: list[str]) -> list[tuple[float, bool, bool]]:
+    out = []
+    for m in moves:
+        _, r, term, trunc, info = env.step(f"<answer>{m}</answer>")
+        out.append((round(r, 6), term, info["success"]))
+    return out
+
+
+def test_reward_table():
+    env = SokobanEnv(level="#######\n#@ $. #\n#  $. #\n#######")
+    env.reset(seed=0)
+    # walk, push onto goal (+1), push it off again (-1), wall bump (no change)
+    steps = _play(env, ["Right", "Right", "Right", "Up"])
+    assert steps == [(-0.1, False, False), (0.9, False, False), (-1.1, False, False), (-0.1, False, False)]
+    assert env.render_text() == "#######\n#   +$#\n#  $. #\n#######"
+
+
+def test_reward_solving_and_blocked_push():
+    env = SokobanEnv(level="######\n#@$$.#\n#   .#\n######")
+    env.reset(seed=0)
+    board = env.render_text()
+    assert _play(env, ["Right"]) == [(-0.1, False, False)]  # two boxes in a row do not move
+    assert env.render_text() == board
+    env = SokobanEnv(level="#####\n#@$.#\n#####")
+    env.reset(seed=0)
+    obs, r, term, trunc, info = env.step("<answer>Right</answer>")
+    assert r == pytest.approx(-0.1 + 1 + 10) and term and not trunc and info["success"]
+    assert env.render_text() == "#####\n# @*#\n#####"
+    assert "solved" in obs["text"]
+
+
+def test_truncation_at_turn_limit():
+    env = SokobanEnv(level="#######\n#@  $.#\n#######", max_turns=2)
+    env.reset(seed=0)
+    _, _, term, trunc, info = env.step("<answer>Left</answer>")
+    assert not trunc
+    _, _, term, trunc, info = env.step("<answer>Left</answer>")
+    assert trunc and not term and not info["success"]
+
+
+def test_specific_sequences_of_moves():
+    env = SokobanEnv(level="#######\n#@ $. #\n#  $. #\n#######")
+    env.reset(seed=0)
+    _play(env, ["Right", "Right"])
+    assert env.render_text() == "#######\n#  @* #\n#  $. #\n#######"
+
+
+# -- replies ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", ["<answer> up </answer>", "<ANSWER>UP</ANSWER>", "think... <answer>Up.</answer>"])
+def test_lenient_replies(reply):
+    env = SokobanEnv(level="#####\n# . #\n# $ #\n# @ #\n#####")
+    env.reset(seed=0)
+    _, r, term, _, info = env.step(reply)
+    assert info["action_is_valid"] and term and r == pytest.approx(10.9)
+
+
+@pytest.mark.parametrize("reply", ["Up", "<answer>upward</answer>", "", "<answer></answer>", "x" * (1 << 20), "<answer>上</answer>"])
+def test_invalid_replies_leave_state_unchanged(reply):
+    env = SokobanEnv(level="#####\n# . #\n# $ #\n# @ #\n#####")
+    env.reset(seed=0)
+    board = env.render_text()
+    obs, r, term, trunc, info = env.step(reply)
+    assert not info["action_is_valid"] and r == env.format_penalty and not term
+    assert env.render_text() == board
+    assert "Invalid reply" in obs["text"]
+
+
+def test_legal_actions_and_format_reply():
+    env = SokobanEnv()
+    assert env.legal_actions() == ["Up", "Down", "Left", "Right"]
+    assert SokobanEnv.format_reply("left") == "<answer>Left</answer>"
+    with pytest.raises(ValueError):
+        SokobanEnv.format_reply("jump")
+
+
+# -- XSB ----------------------------------------------------------------------------------------
+
+COLLECTION = """; two small levels
+Title: first
+  #####
+###   #
+#.@$  #
+### $.#
+#.##$ #
+# # . ##
+#$ *$$.#
+#   .  #
+########
+
+; second
+#####
+#@$.#
+#####
+"""
+
+
+def test_xsb_round_trip_and_collection(tmp_path):
+    path = tmp_path / "levels.xsb"
+    path.write_text(COLLECTION)
+    levels = load_xsb(path)
+    assert len(levels) == 2 and levels[0].num_boxes == 7
+    for level in levels:
+        assert parse_xsb(level.to_xsb()).to_xsb() == level.to_xsb()
+    assert levels[0].to_xsb().split("\n")[0] == "  #####"
+    env = SokobanEnv(levels_file=str(path), render_mode="ansi")
+    seen = {env.reset(seed=s)[1]["level_index"] for s in range(20)}
+    assert seen == {0, 1}
+    env.reset(options={"level_index": 1})
+    assert env.render() == "#####\n#@$.#\n#####"
+    # a generated room round-trips too
+    gen = SokobanEnv(preset="large")
+    gen.reset(seed=3)
+    assert parse_xsb(gen.render_text()).to_xsb() == gen.render_text()
+
+
+def test_irregular_levels_pad_images(tmp_path):
+    path = tmp_path / "levels.xsb"
+    path.write_text(COLLECTION)
+    env = SokobanVisionEnv(levels_file=str(path), tile_size=8)
+    obs, _ = env.reset(options={"level_index": 1})
+    assert obs["image"].shape == env.observation_space["image"].shape == (9 * 8, 8 * 8, 3)
+
+
+@pytest.mark.parametrize(
+    "xsb, message",
+    [
+        ("#####\n#$ .#\n#####", "exactly one player"),
+        ("#####\n#@$@#\n#.  #\n#####", "exactly one player"),
+        ("#####\n#@$ #\n#####", "as many goals as boxes"),
+        ("#####\n#@ .#\n#####", "at least one box"),
+        ("#####\n#@$. \n#####", "not closed"),
+        ("#####\n#@$.x#\n#####", "outside XSB"),
+    ],
+)
+def test_invalid_levels_are_rejected(xsb, message):
+    with pytest.raises(LevelError, match=message):
+        parse_xsb(xsb)
+
+
+def test_bad_configuration_errors():
+    with pytest.raises(ValueError, match="preset"):
+        SokobanEnv(preset="huge")
+    with pytest.raises(ValueError, match="max_solution_moves"):
+        SokobanEnv(max_turns=5, max_solution_moves=8)
+    with pytest.raises(ValueError, match="not both"):
+        SokobanEnv(level="#####\n#@$.#\n#####", levels_file="x.xsb")
