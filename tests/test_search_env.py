@@ -236,3 +236,18 @@ def test_failed_retrieval_marks_the_episode_failed_or_raises() -> None:
     strict.reset(seed=0)
     with pytest.raises(RetrievalError, match="service down"):
         strict.step("<search>x</search>")
+
+
+def test_a_human_can_search_and_answer_through_the_play_cli() -> None:
+    import io
+
+    from envs.play import play
+
+    probe = SearchQAEnv()
+    probe.reset(seed=3)
+    gold = probe.question.golden_answers[0]
+    out = io.StringIO()
+    summary = play("freshper/SearchQA-v0", seed=3, stdin=io.StringIO(f"<search>{probe.question.question}</search>\n{gold}\n"),
+                   stdout=out)
+    assert summary.success and summary.turns == 2 and summary.invalid_replies == 0
+    assert "<information>" in out.getvalue()
