@@ -112,6 +112,7 @@ class SokobanEnv(MultiTurnEnv):
         self.level_index: int | None = None
         self._boxes = np.zeros(0, dtype=bool)
         self._player = 0
+        self._empty_board: tuple[str, list[str]] | None = None  # per level, see _xsb
         self._build_spaces()
 
     def _default_turns(self) -> int:
@@ -143,6 +144,7 @@ class SokobanEnv(MultiTurnEnv):
         self._boxes = np.zeros(self.level.height * self.level.width, dtype=bool)
         self._boxes[list(self.level.boxes)] = True
         self._player = self.level.player
+        self._empty_board = None
 
     def instructions(self) -> str:
         return (
@@ -171,7 +173,18 @@ class SokobanEnv(MultiTurnEnv):
 
     def _xsb(self, floor: str) -> str:
         assert self.level is not None, "call reset() first"
-        return self.level.to_xsb(self._boxes, self._player, floor=floor)
+        if self._empty_board is None or self._empty_board[0] != floor:
+            # The board without boxes and player, as a list of cells (built once per level).
+            lv = self.level
+            empty = lv.to_xsb(np.zeros(lv.height * lv.width, dtype=bool), player=-1, floor=floor)
+            cells = [ch for row in empty.split("\n") for ch in row.ljust(lv.width)]
+            self._empty_board = (floor, cells)
+        cells = list(self._empty_board[1])
+        goals, width = self.level.goals, self.level.width
+        for b in np.flatnonzero(self._boxes).tolist():
+            cells[b] = "*" if goals[b] else "$"
+        cells[self._player] = "+" if goals[self._player] else "@"
+        return "\n".join("".join(cells[i : i + width]).rstrip() for i in range(0, len(cells), width))
 
     def parse_action(self, reply: str) -> tuple[Any, str | None]:
         content = extract_tag(reply)

@@ -56,7 +56,8 @@ class SokobanLevel:
         chars[box_mask] = "$"
         chars[box_mask & self.goals] = "*"
         chars[self.walls] = "#"
-        chars[player] = "+" if self.goals[player] else "@"
+        if player >= 0:  # a negative player draws the board without one
+            chars[player] = "+" if self.goals[player] else "@"
         rows = ["".join(r).rstrip() for r in chars.reshape(self.height, self.width)]
         return "\n".join(rows)
 
