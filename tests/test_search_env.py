@@ -138,7 +138,8 @@ def test_render_ansi_shows_the_transcript() -> None:
 
 
 def test_check_env_passes() -> None:
-    check_env(SearchQAEnv(), skip_render_check=True)
+    check_env(gym.make("freshper/SearchQA-v0", render_mode="ansi").unwrapped)
+    check_env(SearchQAEnv())
 
 
 def test_default_kb_is_deterministic_cached_and_answers_are_in_the_corpus(search_cache: Path) -> None:

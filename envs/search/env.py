@@ -33,7 +33,7 @@ from envs.search.retriever import BM25Retriever, CachedRetriever, HTTPRetriever,
 logger = logging.getLogger(__name__)
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-_SHARED: dict[tuple[str, str], Retriever] = {}
+_SHARED: dict[str, Retriever] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -66,7 +66,8 @@ def shared_retriever(corpus: str | Path | None = None, retrieval_url: str | None
     Sharing means 64 envs build one BM25 index, and :func:`batch_search` can send their
     queries in one call.
     """
-    key = ("url", retrieval_url) if retrieval_url else ("corpus", str(Path(corpus).resolve()) if corpus else "")
+    key = ((f"url {retrieval_url} {timeout} {retries} {backoff}") if retrieval_url
+           else f"corpus {Path(corpus).resolve() if corpus else ''}")
     with _SHARED_LOCK:
         if key not in _SHARED:
             if retrieval_url:

@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bm25s").setLevel(max(logging.WARNING, logging.getLogger().level))
     serve(args.corpus, args.host, args.port, topk=args.topk, cache_dir=args.cache_dir)
     return 0
 
