@@ -8,7 +8,7 @@ answers ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` 
 when ``return_scores`` is false, as Search-R1's server does); ``GET /health`` answers
 ``{"status": "ok", "passages": N}``. Bad requests get a 4xx and ``{"error": "..."}``: 411 no
 length, 413 body too large, 400 malformed JSON or wrong types, 404 unknown path. SIGTERM and
-SIGINT stop it gracefully (in-flight requests finish).
+SIGINT stop it cleanly: it stops accepting connections, closes its socket and exits with 0.
 """
 
 from __future__ import annotations
