@@ -115,10 +115,14 @@ class ReplayBuffer:
 
     def _maybe_rebase(self, slots: np.ndarray) -> None:
         if self.mode == "fresh" and len(slots) and self._log_leaf(slots).max() > REBASE_LOG:
-            self._t_ref = float(self._t[: self._size].max())
-            self.rebases += 1
-            log.debug("replay rebase #%d to t_ref=%s over %d items", self.rebases, self._t_ref, self._size)
-            self._sum.rebuild(self._leaf(slice(0, self._size)))
+            self._rebase(float(self._t[: self._size].max()))
+
+    def _rebase(self, t_ref: float) -> None:
+        """Move the reference step and recompute every leaf once: O(N), every ~500 tau/alpha steps."""
+        self._t_ref = t_ref
+        self.rebases += 1
+        log.debug("replay rebase #%d to t_ref=%s over %d items", self.rebases, t_ref, self._size)
+        self._sum.rebuild(self._leaf(slice(0, self._size)))
 
     def _check_priorities(self, priorities: Sequence[float] | np.ndarray, n: int) -> np.ndarray:
         p = np.asarray(priorities, dtype=np.float64).reshape(-1)

@@ -32,8 +32,8 @@ class _FlatTree:
     def _combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def _changed(self) -> None:
-        """Hook for caches that depend on the tree."""
+    def _changed(self, first_slot: int = 0) -> None:
+        """Hook for caches that depend on the tree; slots below ``first_slot`` did not change."""
 
     @property
     def leaves(self) -> np.ndarray:
@@ -52,17 +52,20 @@ class _FlatTree:
         while lo > 1:
             lo, hi = lo >> 1, ((hi - 1) >> 1) + 1
             t[lo:hi] = self._combine(t[2 * lo : 2 * hi : 2], t[2 * lo + 1 : 2 * hi : 2])
-        self._changed()
+        self._changed(start)
 
     def set(self, slots: np.ndarray, values: np.ndarray) -> None:
         """Write ``values`` to arbitrary ``slots`` (last write wins on repeats): O(B log N)."""
         idx = np.asarray(slots, dtype=np.int64) + self.n_leaves
+        if len(idx) == 0:
+            return
+        first = int(idx.min()) - self.n_leaves
         t = self.tree
         t[idx] = values
         for _ in range(self.depth):
             idx >>= 1
             t[idx] = self._combine(t[2 * idx], t[2 * idx + 1])
-        self._changed()
+        self._changed(first)
 
     def rebuild(self, values: np.ndarray) -> None:
         """Replace all leaves (missing tail slots get the fill) and recompute every node: O(N)."""
@@ -85,19 +88,27 @@ class SumTree(_FlatTree):
     _fill = 0.0
     _combine = staticmethod(np.add)
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, top_level: int = TOP_LEVEL) -> None:
         super().__init__(capacity)
-        self._top = min(TOP_LEVEL, self.depth)
-        self._top_cumsum: np.ndarray | None = None
+        self._top = min(top_level, self.depth)
+        self._top_cumsum = np.zeros(1 << self._top)
+        self._dirty_from = 0  # top-level entries from here on are stale
 
-    def _changed(self) -> None:
-        self._top_cumsum = None
+    def _changed(self, first_slot: int = 0) -> None:
+        self._dirty_from = min(self._dirty_from, first_slot >> (self.depth - self._top))
 
     def top_cumsum(self) -> np.ndarray:
-        """Cumulative sums over the top level; the last entry is the total the draws use."""
-        if self._top_cumsum is None:
-            s = 1 << self._top
-            self._top_cumsum = np.cumsum(self.tree[s : 2 * s])
+        """Cumulative sums over the top level (the last entry is the total the draws use),
+        brought up to date lazily from the first stale entry. ``np.cumsum`` accumulates
+        sequentially, so the result is bit-identical to a full recomputation."""
+        s, d = 1 << self._top, self._dirty_from
+        if d < s:
+            c, top = self._top_cumsum, self.tree[s : 2 * s]
+            if d == 0:
+                np.cumsum(top, out=c)
+            else:
+                c[d - 1 :] = np.cumsum(np.concatenate((c[d - 1 : d], top[d:])))
+            self._dirty_from = s
         return self._top_cumsum
 
     @property

@@ -1,0 +1,176 @@
+"""Replay buffer benchmark: freshness cost per step, insert throughput and sampling latency,
+side by side with peers (cpprb, TorchRL) where they are installed.
+
+Run with the peers in a throw-away venv (they are never project dependencies):
+
+    bash benchmarks/replay_bench.sh            # creates .cache/bench_venv_replay on first use
+    .venv/bin/python benchmarks/replay_bench.py # ours only, if the peers are missing
+
+Timings are the best of 15 short rounds, in one process, so the columns are comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from replay import ReplayBuffer  # noqa: E402
+from replay.buffer import REBASE_LOG  # noqa: E402
+
+ALPHA, BETA, TAU, INSERT_BATCH, FILL_CHUNK = 0.6, 0.4, 500.0, 64, 10_000
+
+
+def per_call_us(fn: Callable[[], object], calls: int, rounds: int = 15) -> float:
+    """Best round's mean wall time per call, in microseconds. The minimum over short rounds
+    filters out preemption by other processes on a shared machine, equally for every library."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+class Ours:
+    name = "freshper"
+
+    def __init__(self, n: int, mode: str = "fresh") -> None:
+        self.buf = ReplayBuffer(n, mode=mode, alpha=ALPHA, tau=TAU, beta=BETA, seed=0)
+        self.rng = np.random.default_rng(0)
+        self.step = 0
+        for start in range(0, n, FILL_CHUNK):
+            k = min(FILL_CHUNK, n - start)
+            self.buf.add(range(start, start + k), self.rng.exponential(1.0, k), step=start // FILL_CHUNK)
+        self.step = n // FILL_CHUNK + 1
+        self.items = list(range(INSERT_BATCH))
+        self.prio = self.rng.exponential(1.0, INSERT_BATCH)
+
+    def insert(self) -> None:
+        self.buf.add(self.items, self.prio, self.step)
+
+    def sample(self) -> None:
+        self.buf.sample(256, self.step)
+
+    def insert_then_sample(self) -> None:  # the top-level cache is cold after every insert
+        self.buf.add(self.items, self.prio, self.step)
+        self.buf.sample(256, self.step)
+
+    def next_step(self) -> None:
+        self.step += 1
+        self.buf.advance(self.step)
+
+
+class Cpprb:
+    name = "cpprb"
+
+    def __init__(self, n: int) -> None:
+        from cpprb import PrioritizedReplayBuffer
+
+        self.rb = PrioritizedReplayBuffer(n, {"obs": {"shape": 1}}, alpha=ALPHA)
+        rng = np.random.default_rng(0)
+        for start in range(0, n, FILL_CHUNK):
+            k = min(FILL_CHUNK, n - start)
+            self.rb.add(obs=np.zeros((k, 1)), priorities=rng.exponential(1.0, k))
+        self.obs, self.prio = np.zeros((INSERT_BATCH, 1)), rng.exponential(1.0, INSERT_BATCH)
+
+    def insert(self) -> None:
+        self.rb.add(obs=self.obs, priorities=self.prio)
+
+    def sample(self) -> None:
+        self.rb.sample(256, beta=BETA)
+
+
+class TorchRL:
+    name = "torchrl"
+
+    def __init__(self, n: int) -> None:
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+
+        self.rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(n), batch_size=256)
+        gen = torch.Generator().manual_seed(0)
+        for start in range(0, n, FILL_CHUNK):
+            k = min(FILL_CHUNK, n - start)
+            idx = self.rb.extend(TensorDict({"obs": torch.zeros(k, 1)}, batch_size=[k]))
+            self.rb.update_priority(idx, torch.rand(k, generator=gen) + 1e-3)
+        self.td = TensorDict({"obs": torch.zeros(INSERT_BATCH, 1)}, batch_size=[INSERT_BATCH])
+        self.prio = torch.rand(INSERT_BATCH, generator=gen) + 1e-3
+
+    def insert(self) -> None:
+        idx = self.rb.extend(self.td)
+        self.rb.update_priority(idx, self.prio)
+
+    def sample(self) -> None:
+        self.rb.sample()
+
+
+def try_peer(cls: type, n: int) -> tuple[object | None, str]:
+    try:
+        return cls(n), ""
+    except Exception as exc:  # a peer that fails to import or run is reported, not fatal
+        return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:100]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="10000,100000,1000000", help="comma-separated capacities N")
+    ap.add_argument("--calls", type=int, default=100, help="calls per timing round")
+    args = ap.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu; alpha={ALPHA} tau={TAU} "
+          f"beta={BETA}; insert batches of {INSERT_BATCH}; sample 256 with IS weights; best of 15 rounds")
+    rows, notes = [], {}
+    for n in sizes:
+        fresh = Ours(n, "fresh")
+        refresh = Ours(n, "refresh")
+        step_fresh = per_call_us(fresh.next_step, args.calls)
+        step_refresh = per_call_us(refresh.next_step, 2, rounds=5)
+        t0 = time.perf_counter()
+        fresh.buf._rebase(fresh.buf._t_ref)  # price one O(N) rebase (to the same reference)
+        rebase_us = (time.perf_counter() - t0) * 1e6
+        rebase_every = REBASE_LOG / (ALPHA / TAU)  # steps between rebases, at the latest
+        row = {
+            "N": n,
+            "fresh step us": step_fresh,
+            "fresh rebase amortised us": rebase_us / rebase_every,
+            "refresh step us": step_refresh,
+            "ins/s ours": INSERT_BATCH / per_call_us(fresh.insert, args.calls) * 1e6,
+            "sample us ours": per_call_us(fresh.sample, args.calls),
+            "ins+sample us ours": per_call_us(fresh.insert_then_sample, args.calls),
+        }
+        del refresh
+        for cls in (Cpprb, TorchRL):
+            peer, err = try_peer(cls, n)
+            if peer is None:
+                notes[cls.name] = err
+                row[f"ins/s {cls.name}"] = row[f"sample us {cls.name}"] = float("nan")
+                continue
+            row[f"ins/s {cls.name}"] = INSERT_BATCH / per_call_us(peer.insert, args.calls) * 1e6
+            row[f"sample us {cls.name}"] = per_call_us(peer.sample, args.calls)
+            del peer
+        rows.append(row)
+        print(f"  N={n:,} done", file=sys.stderr, flush=True)
+    for name, err in notes.items():
+        print(f"{name}: not available ({err})")
+    cols = list(rows[0])
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for row in rows:
+        cells = [f"{row['N']:,}"]
+        for c in cols[1:]:
+            v = row[c]
+            cells.append("n/a" if v != v else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}"))
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
