@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import warnings
 from collections import deque
 
@@ -35,8 +36,9 @@ def solve_moves(xsb: str, limit: int) -> int | None:
     """Fewest moves that solve ``xsb`` if at most ``limit``, else None.
 
     A* over the states right after each push: the cost of a push is the player's walk to the
-    cell behind the box (a BFS) plus one. The heuristic (sum of each box's Manhattan distance
-    to its nearest goal) never overestimates, since every push moves one box one cell.
+    cell behind the box (a BFS) plus one. The heuristic (Manhattan distances of the cheapest
+    box-to-goal assignment) never overestimates, since every push moves one box one cell.
+    Ties go to the deepest state, which reaches the goal sooner.
     """
     rows = xsb.split("\n")
     width = max(len(r) for r in rows)
@@ -45,46 +47,54 @@ def solve_moves(xsb: str, limit: int) -> int | None:
     goals = frozenset(i for i, ch in enumerate(cells) if ch in ".*+")
     boxes = frozenset(i for i, ch in enumerate(cells) if ch in "$*")
     player = next(i for i, ch in enumerate(cells) if ch in "@+")
-    live = _live_cells(walls, goals, width)
+    live = _live_cells(walls, goals, width)  # never contains a wall
+    neighbours = [
+        [n for n in (i - width, i + width, i - 1, i + 1) if 0 <= n < len(cells) and n not in walls]
+        for i in range(len(cells))
+    ]
     goal_rc = [divmod(g, width) for g in goals]
 
+    orders = list(itertools.permutations(range(len(goal_rc))))
+
     def h(bx: frozenset) -> int:
-        total = 0
-        for b in bx:
-            r, c = divmod(b, width)
-            total += min(abs(r - gr) + abs(c - gc) for gr, gc in goal_rc)
-        return total
+        """Cheapest assignment of boxes to distinct goals, by Manhattan distance."""
+        rc = [divmod(b, width) for b in bx]
+        cost = [[abs(r - gr) + abs(c - gc) for gr, gc in goal_rc] for r, c in rc]
+        return min(sum(cost[i][j] for i, j in enumerate(order)) for order in orders)
 
     if boxes == goals:
         return 0
     best = {(player, boxes): 0}
     heap = [(h(boxes), 0, player, boxes)]
     while heap:
-        f, g, p, bx = heapq.heappop(heap)
+        f, neg_g, p, bx = heapq.heappop(heap)
+        g = -neg_g
         if best.get((p, bx), 1 << 30) < g:
             continue
         if bx == goals:
             return g
-        dist = {p: 0}
+        dist = [-1] * len(cells)
+        dist[p] = 0
+        for b in bx:
+            dist[b] = -2  # boxes block the walk
         todo = deque([p])
         while todo:
             cell = todo.popleft()
-            for d in (-width, width, -1, 1):
-                nxt = cell + d
-                if nxt not in dist and nxt not in walls and nxt not in bx:
+            for nxt in neighbours[cell]:
+                if dist[nxt] == -1:
                     dist[nxt] = dist[cell] + 1
                     todo.append(nxt)
         for b in bx:
             for d in (-width, width, -1, 1):
                 stand, target = b - d, b + d
-                if stand not in dist or target in walls or target in bx or target not in live:
+                if dist[stand] < 0 or target in bx or target not in live:
                     continue
                 nb = (bx - {b}) | {target}
                 ng = g + dist[stand] + 1
                 nf = ng + h(nb)
                 if nf <= limit and ng < best.get((b, nb), 1 << 30):
                     best[(b, nb)] = ng
-                    heapq.heappush(heap, (nf, ng, b, nb))
+                    heapq.heappush(heap, (nf, -ng, b, nb))
     return None
 
 
