@@ -57,6 +57,9 @@ class Case:
 CASES: list[Case] = [
     Case("freshper/Sokoban-v0", "text", {"preset": p}) for p in ("simple", "hard", "large")
 ] + [Case("freshper/SokobanVision-v0", "image", {"preset": p}) for p in ("simple", "hard", "large")]
+# FrozenLake: 4x4 (the trained default) and 8x8; a reset draws a new random map.
+CASES += [Case("freshper/FrozenLake-v0", "text", {"size": n}) for n in (4, 8)]
+CASES += [Case("freshper/FrozenLakeVision-v0", "image", {"size": n}) for n in (4, 8)]
 
 # (room size incl. walls, boxes, freshper preset, gym-sokoban levels to time in quick/full runs)
 PEER_CASES: list[tuple[int, int, str, int, int]] = [
