@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from operator import itemgetter
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -81,7 +80,9 @@ class ReplayBuffer:
         self._logp = np.zeros(self.capacity)
         self._t = np.zeros(self.capacity)  # step at collection
         self._ids = np.full(self.capacity, -1, dtype=np.int64)
-        self._items: list[Any] = [None] * self.capacity
+        self._key = np.zeros(self.capacity)  # log IS-weight denominators, see _is_key
+        self._strata = np.arange(0.0)
+        self._items = np.empty(self.capacity, dtype=object)  # a C-level gather per batch
         self._size = self._cursor = self._next_id = 0
         self._t_ref = 0.0  # fresh: reference step of the leaves; refresh: step of the last rescan
         self.rebases = 0  # how many O(N) rebases happened (fresh) / rescans (refresh)
@@ -110,8 +111,9 @@ class ReplayBuffer:
     def _rebuild(self) -> None:
         n = self._size
         self._sum.rebuild(self._leaf(slice(0, n)))
+        self._key[:n] = self._is_key(slice(0, n))
         if self._min is not None:
-            self._min.rebuild(self._is_key(slice(0, n)))
+            self._min.rebuild(self._key[:n])
 
     def _maybe_rebase(self, slots: np.ndarray) -> None:
         if self.mode == "fresh" and len(slots) and self._log_leaf(slots).max() > REBASE_LOG:
@@ -163,7 +165,7 @@ class ReplayBuffer:
             slots = (start + np.arange(n)) % cap
             self._p[slots], self._logp[slots], self._t[slots] = p, np.log(p), float(step)
             self._ids[slots] = np.arange(self._next_id, self._next_id + n)
-            for slot, item in zip(slots.tolist(), items):
+            for slot, item in zip(slots.tolist(), items):  # one by one: lists stay objects
                 self._items[slot] = item
             self._size = min(self._size + n, cap)
             self._cursor, self._next_id = (start + n) % cap, self._next_id + n
@@ -174,8 +176,9 @@ class ReplayBuffer:
                 self._sum.set_range(start, self._leaf(slots[:first]))
                 if first < n:
                     self._sum.set_range(0, self._leaf(slots[first:]))
+            self._key[slots] = self._is_key(slots)
             if self._min is not None:
-                self._min.set(slots, self._is_key(slots))
+                self._min.set(slots, self._key[slots])
             return ids
 
     def update_priorities(self, indices: Sequence[int] | np.ndarray, priorities: Sequence[float] | np.ndarray) -> int:
@@ -193,8 +196,9 @@ class ReplayBuffer:
             self._maybe_rebase(slots)
             if self.rebases == before:
                 self._sum.set(slots, self._leaf(slots))
+            self._key[slots] = self._is_key(slots)
             if self._min is not None:
-                self._min.set(slots, self._is_key(slots))
+                self._min.set(slots, self._key[slots])
             return int(live.sum())
 
     def beta_at(self, step: float) -> float:
@@ -213,17 +217,20 @@ class ReplayBuffer:
             if self._size == 0:
                 raise ValueError("cannot sample from an empty replay buffer")
             self.advance(step)
-            total = self._sum.total
+            if len(self._strata) != batch_size:
+                self._strata = np.arange(float(batch_size))
             u = self.rng.random(batch_size)
-            u += np.arange(batch_size)
-            u *= total / batch_size
+            u += self._strata
+            u *= self._sum.total / batch_size
             slots = self._sum.find(u)
             np.minimum(slots, self._size - 1, out=slots)
-            key = self._is_key(slots)
-            ref = key.min() if self._min is None else self._min.root
-            weights = np.exp((ref - key) * self.beta_at(step))
-            items = list(itemgetter(*slots.tolist())(self._items)) if batch_size > 1 else [self._items[slots[0]]]
-            return ReplaySample(items, self._ids[slots], weights, step - self._t[slots])
+            key = self._key[slots]
+            key -= key.min() if self._min is None else self._min.root
+            key *= -self.beta_at(step)
+            weights = np.exp(key, out=key)
+            ages = self._t[slots]
+            np.subtract(step, ages, out=ages)
+            return ReplaySample(self._items[slots].tolist(), self._ids[slots], weights, ages)
 
     def _order(self) -> np.ndarray:
         """Stored slots from oldest to newest."""
@@ -243,7 +250,7 @@ class ReplayBuffer:
         """``(ids, items, base priorities, steps)`` of the stored items, oldest first."""
         with self._lock:
             slots = self._order()
-            return self._ids[slots].copy(), [self._items[s] for s in slots], self._p[slots].copy(), self._t[slots].copy()
+            return self._ids[slots].copy(), self._items[slots].tolist(), self._p[slots].copy(), self._t[slots].copy()
 
     def age_stats(self, step: float, edges: Sequence[float] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)) -> dict[str, Any]:
         """Ages of stored items for logging: size, mean/min/max, a histogram over ``edges``
@@ -272,7 +279,7 @@ class ReplayBuffer:
         """Write the whole buffer atomically (temp file, fsync, rename); items via ``codec``."""
         with self._lock:
             n = self._size
-            offsets, data = pack_items(self._items[:n], codec or DefaultCodec())
+            offsets, data = pack_items(self._items[:n].tolist(), codec or DefaultCodec())
             meta = {k: getattr(self, k) for k in _CONFIG_KEYS}
             meta.update(
                 version=_FORMAT_VERSION, size=n, cursor=self._cursor, next_id=self._next_id,
@@ -299,7 +306,8 @@ class ReplayBuffer:
             raise ReplayCheckpointError(f"replay checkpoint {path!r} is inconsistent: {exc}") from exc
         buf._p[:n], buf._t[:n], buf._ids[:n] = arrays["p"], arrays["t"], arrays["ids"]
         buf._logp[:n] = np.log(buf._p[:n])
-        buf._items[:n] = items
+        for slot, item in enumerate(items):
+            buf._items[slot] = item
         buf._size, buf._cursor, buf._next_id = n, int(meta["cursor"]), int(meta["next_id"])
         buf._t_ref, buf.rebases = float(meta["t_ref"]), int(meta["rebases"])
         buf._rebuild()

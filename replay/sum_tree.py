@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Sampling starts with one ``searchsorted`` over the cumulative sums of this tree level (4096
-#: nodes at most: a bounded cost, cached until the tree changes), then descends the levels below.
-TOP_LEVEL = 12
+#: Sampling starts with one ``searchsorted`` over the cumulative sums of this tree level (16384
+#: nodes at most, 128 KiB: a bounded cost, kept current lazily), then descends the levels below.
+TOP_LEVEL = 14
 
 
 class _FlatTree:
@@ -91,32 +91,30 @@ class SumTree(_FlatTree):
     def __init__(self, capacity: int, top_level: int = TOP_LEVEL) -> None:
         super().__init__(capacity)
         self._top = min(top_level, self.depth)
-        self._top_cumsum = np.zeros(1 << self._top)
+        self._cum = np.zeros((1 << self._top) + 1)  # [0, inclusive prefix sums of the top level]
         self._dirty_from = 0  # top-level entries from here on are stale
 
     def _changed(self, first_slot: int = 0) -> None:
         self._dirty_from = min(self._dirty_from, first_slot >> (self.depth - self._top))
 
     def top_cumsum(self) -> np.ndarray:
-        """Cumulative sums over the top level (the last entry is the total the draws use),
-        brought up to date lazily from the first stale entry. ``np.cumsum`` accumulates
-        sequentially, so the result is bit-identical to a full recomputation."""
+        """Prefix sums over the top level with a leading 0 (the last entry is the total the
+        draws use), brought up to date lazily from the first stale entry. ``np.cumsum``
+        accumulates sequentially, so the result is bit-identical to a full recomputation."""
         s, d = 1 << self._top, self._dirty_from
         if d < s:
-            c, top = self._top_cumsum, self.tree[s : 2 * s]
-            if d == 0:
-                np.cumsum(top, out=c)
-            else:
-                c[d - 1 :] = np.cumsum(np.concatenate((c[d - 1 : d], top[d:])))
+            c, top = self._cum, self.tree[s : 2 * s]
+            c[d + 1 :] = np.cumsum(np.concatenate((c[d : d + 1], top[d:])))[1:]
             self._dirty_from = s
-        return self._top_cumsum
+        return self._cum
 
     @property
     def total(self) -> float:
         return float(self.top_cumsum()[-1])
 
     def find(self, u: np.ndarray) -> np.ndarray:
-        """Slots whose cumulative-sum interval holds each ``u`` in ``[0, total)``.
+        """Slots whose cumulative-sum interval holds each ``u`` in ``[0, total)`` (``u`` is
+        consumed: it is overwritten with residuals).
 
         One ``searchsorted`` to the top level, then one loop step per remaining level, each a
         handful of whole-batch numpy operations (no Python loop over draws). Rounding can put a
@@ -124,11 +122,11 @@ class SumTree(_FlatTree):
         """
         t, s = self.tree, 1 << self._top
         cum = self.top_cumsum()
-        j = np.searchsorted(cum, u, side="right")
+        j = np.searchsorted(cum[1:], u, side="right")
         np.minimum(j, s - 1, out=j)
-        u = u - cum[j]
-        u += t[s + j]
-        idx = j + s
+        u -= cum[j]  # the residual inside top-level node j
+        idx = j
+        idx += s
         for _ in range(self.depth - self._top):
             idx += idx
             left = t[idx]

@@ -314,3 +314,37 @@ def test_replay_package_imports_numpy_only():
     code = "import sys, replay; bad = [m for m in ('torch', 'envs', 'agents', 'train') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("capacity,top_level", [(1, 14), (5, 1), (1000, 4), (5000, 14)])
+def test_sum_tree_finds_the_slot_holding_each_draw_and_its_lazy_prefix_sums_are_exact(capacity, top_level):
+    from replay import SumTree
+
+    rng = np.random.default_rng(capacity)
+    tree = SumTree(capacity, top_level=top_level)
+    leaves = np.zeros(capacity)
+    for _ in range(30):  # mixed writes; each is followed by a query so the lazy path is used
+        if rng.random() < 0.5:
+            start = int(rng.integers(0, capacity))
+            vals = rng.exponential(1.0, int(rng.integers(1, capacity - start + 1)))
+            tree.set_range(start, vals)
+            leaves[start : start + len(vals)] = vals
+        else:
+            slots = rng.integers(0, capacity, 7)
+            vals = rng.exponential(1.0, 7) * (rng.random(7) < 0.8)
+            tree.set(slots, vals)
+            for s_, v in zip(slots, vals):
+                leaves[s_] = v
+        if leaves.sum() == 0:
+            continue
+        fresh = SumTree(capacity, top_level=top_level)
+        fresh.rebuild(leaves)
+        assert np.array_equal(tree.top_cumsum(), fresh.top_cumsum())  # bit-identical
+        assert np.array_equal(tree.tree, fresh.tree)
+        u = np.sort(rng.random(64)) * tree.total
+        u[0] = 0.0
+        expected = np.searchsorted(np.cumsum(leaves), u, side="right")
+        got = tree.find(u.copy())
+        ok = (got == expected) | np.isclose(u, np.cumsum(leaves)[np.minimum(got, capacity - 1)], rtol=1e-12)
+        assert ok.all()
+        assert np.all(leaves[np.minimum(got, capacity - 1)] > 0)
