@@ -130,7 +130,7 @@ class ReplayBuffer:
         p = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if len(p) != n:
             raise ValueError(f"got {n} items/indices but {len(p)} priorities")
-        if not np.all(np.isfinite(p)) or np.any(p < 0):
+        if n and not (p.min() >= 0 and p.max() < np.inf):  # also false for NaN
             raise ValueError("priorities must be finite and >= 0")
         return np.maximum(p, self.eps)
 
@@ -162,24 +162,33 @@ class ReplayBuffer:
                 self._cursor, self._next_id = (self._cursor + skip) % cap, self._next_id + skip
                 items, p, n = items[skip:], p[skip:], cap
             start = self._cursor
-            slots = (start + np.arange(n)) % cap
-            self._p[slots], self._logp[slots], self._t[slots] = p, np.log(p), float(step)
-            self._ids[slots] = np.arange(self._next_id, self._next_id + n)
-            for slot, item in zip(slots.tolist(), items):  # one by one: lists stay objects
-                self._items[slot] = item
-            self._size = min(self._size + n, cap)
-            self._cursor, self._next_id = (start + n) % cap, self._next_id + n
-            before = self.rebases
-            self._maybe_rebase(slots)
-            if self.rebases == before:
-                first = min(n, cap - start)
-                self._sum.set_range(start, self._leaf(slots[:first]))
-                if first < n:
-                    self._sum.set_range(0, self._leaf(slots[first:]))
-            self._key[slots] = self._is_key(slots)
-            if self._min is not None:
-                self._min.set(slots, self._key[slots])
+            first = min(n, cap - start)  # the ring wraps at most once
+            self._write(start, items[:first], p[:first], step)
+            if first < n:
+                self._write(0, items[first:], p[first:], step)
             return ids
+
+    def _write(self, start: int, items: list[Any], p: np.ndarray, step: float) -> None:
+        """Store one contiguous run of new items at ``start`` (the cursor) and index them."""
+        n = len(items)
+        sl = slice(start, start + n)
+        self._p[sl], self._logp[sl], self._t[sl] = p, np.log(p), float(step)
+        self._ids[sl] = np.arange(self._next_id, self._next_id + n)
+        for slot, item in enumerate(items, start):  # one by one: lists stay objects
+            self._items[slot] = item
+        self._size = min(self._size + n, self.capacity)
+        self._cursor, self._next_id = (start + n) % self.capacity, self._next_id + n
+        if self.mode == "fresh":
+            log_leaf = self._log_leaf(sl)
+            if log_leaf.max() > REBASE_LOG:
+                self._rebase(float(self._t[: self._size].max()))
+            else:
+                self._sum.set_range(start, np.exp(log_leaf))
+        else:
+            self._sum.set_range(start, self._leaf(sl))
+        self._key[sl] = self._is_key(sl)
+        if self._min is not None:
+            self._min.set_range(start, self._key[sl])
 
     def update_priorities(self, indices: Sequence[int] | np.ndarray, priorities: Sequence[float] | np.ndarray) -> int:
         """Set new base priorities for item ids; ids evicted since sampling are skipped.

@@ -8,6 +8,8 @@ tree rebuilt from saved leaves is bit-identical to the one that was saved.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 #: Sampling starts with one ``searchsorted`` over the cumulative sums of this tree level (16384
@@ -49,9 +51,13 @@ class _FlatTree:
         if not 0 <= start or hi > self.n_leaves + self.capacity:
             raise IndexError("slot range out of bounds")
         t[lo:hi] = values
-        while lo > 1:
+        while lo > 1 and hi - lo > 1:
             lo, hi = lo >> 1, ((hi - 1) >> 1) + 1
             t[lo:hi] = self._combine(t[2 * lo : 2 * hi : 2], t[2 * lo + 1 : 2 * hi : 2])
+        combine = self._scalar_combine
+        while lo > 1:  # one node per level from here up: scalar arithmetic is far cheaper
+            lo >>= 1
+            t[lo] = combine(t[2 * lo], t[2 * lo + 1])
         self._changed(start)
 
     def set(self, slots: np.ndarray, values: np.ndarray) -> None:
@@ -87,6 +93,7 @@ class SumTree(_FlatTree):
 
     _fill = 0.0
     _combine = staticmethod(np.add)
+    _scalar_combine = staticmethod(operator.add)  # the same IEEE double addition
 
     def __init__(self, capacity: int, top_level: int = TOP_LEVEL) -> None:
         super().__init__(capacity)
@@ -143,3 +150,4 @@ class MinTree(_FlatTree):
 
     _fill = np.inf
     _combine = staticmethod(np.minimum)
+    _scalar_combine = staticmethod(min)
