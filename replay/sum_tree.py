@@ -12,9 +12,9 @@ import operator
 
 import numpy as np
 
-#: Sampling starts with one ``searchsorted`` over the cumulative sums of this tree level (16384
-#: nodes at most, 128 KiB: a bounded cost, kept current lazily), then descends the levels below.
-TOP_LEVEL = 14
+#: Sampling starts with one ``searchsorted`` over the cumulative sums of this tree level (1024
+#: nodes at most: a bounded cost, kept current lazily), then descends the levels below.
+TOP_LEVEL = 10
 
 
 class _FlatTree:
