@@ -6,7 +6,8 @@ Run with the peers in a throw-away venv (they are never project dependencies):
     bash benchmarks/replay_bench.sh            # creates .cache/bench_venv_replay on first use
     .venv/bin/python benchmarks/replay_bench.py # ours only, if the peers are missing
 
-Timings are the best of 15 short rounds, in one process, so the columns are comparable.
+Timings are the best of 15 short rounds, interleaved across libraries in one process, so the
+columns are comparable even on a shared, busy machine.
 """
 
 from __future__ import annotations
@@ -26,16 +27,19 @@ from replay.buffer import REBASE_LOG  # noqa: E402
 ALPHA, BETA, TAU, INSERT_BATCH, FILL_CHUNK = 0.6, 0.4, 500.0, 64, 10_000
 
 
-def per_call_us(fn: Callable[[], object], calls: int, rounds: int = 15) -> float:
-    """Best round's mean wall time per call, in microseconds. The minimum over short rounds
-    filters out preemption by other processes on a shared machine, equally for every library."""
-    fn()
-    best = float("inf")
+def best_per_call_us(fns: dict[str, Callable[[], object]], calls: int, rounds: int = 15) -> dict[str, float]:
+    """Best round's mean wall time per call, in microseconds, for each function. Rounds are
+    interleaved across the functions and the minimum is kept, so preemption by other processes
+    on a shared machine hits every library alike instead of whichever ran during a busy spell."""
+    best = {name: float("inf") for name in fns}
+    for fn in fns.values():
+        fn()
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
     return best
 
 
@@ -126,38 +130,42 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100, help="calls per timing round")
     args = ap.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
-    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu; alpha={ALPHA} tau={TAU} "
-          f"beta={BETA}; insert batches of {INSERT_BATCH}; sample 256 with IS weights; best of 15 rounds")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu (load {load}); alpha={ALPHA} tau={TAU} "
+          f"beta={BETA}; insert batches of {INSERT_BATCH}; sample 256 with IS weights; best of 15 interleaved rounds")
     rows, notes = [], {}
     for n in sizes:
-        fresh = Ours(n, "fresh")
-        refresh = Ours(n, "refresh")
-        step_fresh = per_call_us(fresh.next_step, args.calls)
-        step_refresh = per_call_us(refresh.next_step, 2, rounds=5)
+        fresh, refresh = Ours(n, "fresh"), Ours(n, "refresh")
+        steps = best_per_call_us({"fresh": fresh.next_step}, args.calls)
+        steps.update(best_per_call_us({"refresh": refresh.next_step}, 2, rounds=5))
+        del refresh
         t0 = time.perf_counter()
         fresh.buf._rebase(fresh.buf._t_ref)  # price one O(N) rebase (to the same reference)
         rebase_us = (time.perf_counter() - t0) * 1e6
         rebase_every = REBASE_LOG / (ALPHA / TAU)  # steps between rebases, at the latest
-        row = {
-            "N": n,
-            "fresh step us": step_fresh,
-            "fresh rebase amortised us": rebase_us / rebase_every,
-            "refresh step us": step_refresh,
-            "ins/s ours": INSERT_BATCH / per_call_us(fresh.insert, args.calls) * 1e6,
-            "sample us ours": per_call_us(fresh.sample, args.calls),
-            "ins+sample us ours": per_call_us(fresh.insert_then_sample, args.calls),
-        }
-        del refresh
+        libs: dict[str, object] = {"ours": fresh}
         for cls in (Cpprb, TorchRL):
             peer, err = try_peer(cls, n)
             if peer is None:
                 notes[cls.name] = err
-                row[f"ins/s {cls.name}"] = row[f"sample us {cls.name}"] = float("nan")
-                continue
-            row[f"ins/s {cls.name}"] = INSERT_BATCH / per_call_us(peer.insert, args.calls) * 1e6
-            row[f"sample us {cls.name}"] = per_call_us(peer.sample, args.calls)
-            del peer
+            else:
+                libs[cls.name] = peer
+        insert = best_per_call_us({k: lib.insert for k, lib in libs.items()}, args.calls)
+        sample = best_per_call_us({k: lib.sample for k, lib in libs.items()}, args.calls)
+        both = best_per_call_us({"ours": fresh.insert_then_sample}, args.calls)
+        row = {
+            "N": n,
+            "fresh step us": steps["fresh"],
+            "fresh rebase amortised us": rebase_us / rebase_every,
+            "refresh step us": steps["refresh"],
+        }
+        for k in ("ours", Cpprb.name, TorchRL.name):
+            row[f"ins/s {k}"] = INSERT_BATCH / insert[k] * 1e6 if k in insert else float("nan")
+        for k in ("ours", Cpprb.name, TorchRL.name):
+            row[f"sample us {k}"] = sample.get(k, float("nan"))
+        row["ins+sample us ours"] = both["ours"]
         rows.append(row)
+        del libs, fresh
         print(f"  N={n:,} done", file=sys.stderr, flush=True)
     for name, err in notes.items():
         print(f"{name}: not available ({err})")

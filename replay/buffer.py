@@ -46,6 +46,12 @@ class ReplayBuffer:
     ``update_priorities`` ignores ids that have been evicted since (so a learner never rewrites
     the priority of a newer item that took the slot). All public methods hold one lock, so a
     collector thread may ``add`` while the learner samples.
+
+    ``alpha``: priority exponent; ``tau``: age decay in optimizer steps (the sampling half-life is
+    ``tau * ln 2 / alpha``); ``beta`` -> ``beta_final`` over ``beta_anneal_steps``: IS exponent;
+    ``eps``: floor on base priorities; ``is_target``: ``"base"`` corrects only the base-priority
+    bias (keeps the age decay), ``"uniform"`` gives classical PER weights ``(N P(i))^-beta``;
+    ``is_normalize``: divide by the largest weight in the ``"batch"`` or the whole ``"buffer"``.
     """
 
     def __init__(
