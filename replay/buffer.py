@@ -132,6 +132,18 @@ class ReplayBuffer:
         log.debug("replay rebase #%d to t_ref=%s over %d items", self.rebases, t_ref, self._size)
         self._sum.rebuild(self._leaf(slice(0, self._size)))
 
+    def _total(self) -> float:
+        """The tree total, rebasing first if every leaf underflowed (possible only after steps
+        that went backwards by ~1000 tau/alpha and evicted the newer items)."""
+        total = self._sum.total
+        if not 0.0 < total < np.inf:
+            if self.mode == "fresh":
+                self._rebase(float(self._t[: self._size].max()))
+                total = self._sum.total
+            if not 0.0 < total < np.inf:
+                raise FloatingPointError(f"sampling weights sum to {total}: ages too large for mode {self.mode!r}")
+        return total
+
     def _check_priorities(self, priorities: Sequence[float] | np.ndarray, n: int) -> np.ndarray:
         p = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if len(p) != n:
@@ -234,9 +246,10 @@ class ReplayBuffer:
             self.advance(step)
             if len(self._strata) != batch_size:
                 self._strata = np.arange(float(batch_size))
+            total = self._total()
             u = self.rng.random(batch_size)
             u += self._strata
-            u *= self._sum.total / batch_size
+            u *= total / batch_size
             slots = self._sum.find(u)
             np.minimum(slots, self._size - 1, out=slots)
             key = self._key[slots]
@@ -257,6 +270,8 @@ class ReplayBuffer:
         """``(ids, P)``: the exact sampling distribution at ``step`` over stored items, oldest first."""
         with self._lock:
             self.advance(step)
+            if self._size:
+                self._total()
             slots = self._order()
             leaves = self._sum.leaves[slots]
             return self._ids[slots].copy(), leaves / leaves.sum()

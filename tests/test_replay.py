@@ -348,3 +348,11 @@ def test_sum_tree_finds_the_slot_holding_each_draw_and_its_lazy_prefix_sums_are_
         ok = (got == expected) | np.isclose(u, np.cumsum(leaves)[np.minimum(got, capacity - 1)], rtol=1e-12)
         assert ok.all()
         assert np.all(leaves[np.minimum(got, capacity - 1)] > 0)
+
+
+def test_steps_that_go_backwards_far_still_sample_the_remaining_items():
+    buf = ReplayBuffer(2, mode="fresh", alpha=1.0, tau=1.0, seed=0)
+    buf.add(["new"], [1.0], step=1000)  # then a restart from step 0 evicts the newest item
+    buf.add(["a", "b"], [1.0, 3.0], step=0)
+    np.testing.assert_allclose(buf.probabilities(5)[1], [0.25, 0.75])
+    assert set(buf.sample(64, 5).items) == {"a", "b"}
