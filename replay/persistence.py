@@ -9,7 +9,6 @@ bytes and numbers. A SHA-256 over every array detects corruption that the zip la
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import struct
@@ -151,9 +150,7 @@ def read_checkpoint(path: str | os.PathLike, required: tuple[str, ...]) -> tuple
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+        with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except Exception as exc:  # zip, npy-header and CRC errors all mean the same thing here
         raise ReplayCheckpointError(f"replay checkpoint {path!r} is truncated or corrupt: {exc}") from exc
