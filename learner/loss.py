@@ -87,13 +87,7 @@ def grpo_loss(
     denom = float(mask.sum().item()) if num_tokens is None else float(num_tokens)
     denom = max(denom, 1.0)
 
-    log_ratio = (logp - behavior_logp.to(logp.dtype)) * mask
-    if cfg.sequence_ratio:
-        lengths = mask.sum(dim=1).clamp(min=1.0)
-        seq_log_ratio = log_ratio.sum(dim=1) / lengths
-        ratio = torch.exp(seq_log_ratio)[:, None].expand_as(logp)
-    else:
-        ratio = torch.exp(log_ratio)
+    ratio = token_ratios(logp, behavior_logp, mask, cfg.sequence_ratio)
 
     if cfg.loss == "clip":
         unclipped = -adv * ratio
@@ -109,18 +103,20 @@ def grpo_loss(
         per_token = -trunc * adv * logp
         clip_active = (ratio.detach() > cfg.tis_cap).to(logp.dtype)
 
-    loss = (w[:, None] * per_token * mask).sum() / denom
+    loss = torch.where(mask > 0, w[:, None] * per_token, torch.zeros_like(per_token)).sum() / denom
     kl_value = 0.0
     if cfg.kl_coef != 0.0:
         if ref_logp is None:
             raise ValueError("kl_coef is set but no ref_logp was given")
-        diff = (ref_logp.to(logp.dtype) - logp) * mask
+        diff = torch.where(mask > 0, ref_logp.to(logp.dtype) - logp, torch.zeros_like(logp))
         k3 = (torch.exp(diff) - diff - 1.0) * mask
         kl = k3.sum() / denom
         loss = loss + cfg.kl_coef * kl
         kl_value = float(kl.detach().item()) * denom / max(float(mask.sum().item()), 1.0)
 
-    stats = ratio_stats(ratio.detach(), mask, ages)
+    on = mask > 0
+    row_ages = None if ages is None else ages.to(logp.dtype)[:, None].expand_as(logp)[on]
+    stats = ratio_stats(ratio.detach()[on], row_ages)
     n_tok = max(float(mask.sum().item()), 1.0)
     stats["clip_frac"] = float((clip_active * mask).sum().item()) / n_tok
     stats["kl"] = kl_value
@@ -128,9 +124,21 @@ def grpo_loss(
     return loss, stats
 
 
-def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, ages: torch.Tensor | None = None) -> dict[str, float]:
-    """Mean/max/min of the masked ratio and the normalised IS ESS overall and per age bucket."""
-    sel = ratio[mask > 0]
+def token_ratios(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor, sequence_ratio: bool = False) -> torch.Tensor:
+    """``[B, T]`` importance ratios: per token, or the row's geometric mean broadcast to its tokens."""
+    mask = mask.to(logp.dtype)
+    # where, not multiply: unsampled positions may hold -inf (e.g. suppressed image-pad tokens).
+    log_ratio = torch.where(mask > 0, logp - behavior_logp.to(logp.dtype), torch.zeros_like(logp))
+    if sequence_ratio:
+        seq = log_ratio.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return torch.exp(seq)[:, None].expand_as(logp)
+    return torch.exp(log_ratio)
+
+
+def ratio_stats(ratios: torch.Tensor, ages: torch.Tensor | None = None) -> dict[str, float]:
+    """Mean/max/min of sampled-token ratios (1-D) and the normalised IS ESS, overall and per
+    age bucket (``ages``: 1-D, one age per ratio)."""
+    sel = ratios.reshape(-1)
     if sel.numel() == 0:
         return {"ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0, "ess": 1.0}
     stats = {
@@ -140,9 +148,9 @@ def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, ages: torch.Tensor | No
         "ess": effective_sample_size(sel),
     }
     if ages is not None:
-        row_ages = ages[:, None].expand_as(ratio)[mask > 0]
+        ages = ages.reshape(-1)
         for lo, hi in AGE_BUCKETS:
-            in_bucket = (row_ages >= lo) & (row_ages <= hi)
+            in_bucket = (ages >= lo) & (ages <= hi)
             if bool(in_bucket.any()):
                 stats[f"ess/age_{age_bucket_name(lo, hi)}"] = effective_sample_size(sel[in_bucket])
     return stats

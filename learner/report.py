@@ -1,0 +1,220 @@
+"""Run reporting: metrics.jsonl + TensorBoard, ``curves.png``, confidence intervals, the final
+summary table, and the FrozenLake board-reading probe.
+
+Metrics are one JSON object per line with ``kind`` = ``"train"`` (one per iteration),
+``"eval"`` (one per evaluation) or ``"warmup"``; every line carries ``iteration`` and
+``episodes`` (environment episodes collected for training so far), the x axis of the curves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """Appends metric lines to ``metrics.jsonl`` and mirrors numbers to TensorBoard.
+
+    On resume, lines past the checkpoint's iteration (written after the checkpoint by the run
+    that was killed) are dropped so the file reads as if the run had never stopped.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, resume_iteration: int | None = None) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_iteration is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path)
+                    if r.get("iteration", 0) <= resume_iteration and r.get("phase") != "final"]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        elif resume_iteration is None and self.path.exists():
+            self.path.unlink()
+        self._fh = self.path.open("a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            except ImportError as exc:  # tensorboard is a dependency, but keep training without it
+                logger.warning("TensorBoard logging disabled: %s", exc)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Write one line; numeric entries also go to TensorBoard as ``<kind>/<name>``."""
+        self._fh.write(json.dumps(record, default=float) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            step = int(record.get("episodes", record.get("iteration", 0)))
+            kind = record.get("kind", "train")
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "episodes"):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All lines of a metrics.jsonl (a torn last line from a killed run is ignored)."""
+    out = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (well-behaved at 0 and 1, unlike Wald)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def intervals_disjoint(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two confidence intervals do not overlap."""
+    return a[1] < b[0] or b[1] < a[0]
+
+
+# -- the board-reading probe ------------------------------------------------------------------
+_BOARD_ROW = re.compile(r"^[SFHGP]( [SFHGP])+$")
+_ANSWER = re.compile(r"<answer>\s*([A-Za-z]+)\s*</answer>", re.IGNORECASE)
+
+
+def parse_board(text: str) -> list[list[str]] | None:
+    """The last FrozenLake board (rows of space-separated ``S F H G P``) in an observation."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if _BOARD_ROW.match(line.strip()):
+            current.append(line.strip())
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    if not blocks:
+        return None
+    rows = [r.split(" ") for r in blocks[-1]]
+    return rows if all(len(r) == len(rows[0]) for r in rows) else None
+
+
+def board_probe(records: Iterable[Any]) -> dict[str, float]:
+    """How often the policy takes the safe move where exactly one of Down/Right is a hole.
+
+    Scans every turn of (evaluation) records whose observation shows a FrozenLake board. On
+    states where both Down and Right stay on the board and exactly one of them leads into a
+    hole, it counts replies of Down or Right and the fraction that chose the safe one: 0.5 is
+    what a board-blind Down/Right habit scores (DESIGN.md); other replies are counted apart.
+    """
+    safe = unsafe = other = 0
+    for rec in records:
+        for turn in rec.turns:
+            board = parse_board(turn.observation)
+            if board is None:
+                continue
+            where = [(r, c) for r, row in enumerate(board) for c, ch in enumerate(row) if ch == "P"]
+            if len(where) != 1:
+                continue
+            r, c = where[0]
+            if r + 1 >= len(board) or c + 1 >= len(board[0]):
+                continue
+            down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"
+            if down_hole == right_hole:
+                continue
+            m = _ANSWER.search(turn.reply or "")
+            word = m.group(1).lower() if m else ""
+            move = {"d": "down", "down": "down", "r": "right", "right": "right"}.get(word)
+            if move is None:
+                other += 1
+            elif (move == "down") != down_hole:
+                safe += 1
+            else:
+                unsafe += 1
+    n = safe + unsafe
+    return {
+        "probe_states": float(n + other),
+        "probe_down_right": float(n),
+        "probe_safe_rate": safe / n if n else float("nan"),
+    }
+
+
+# -- curves.png -------------------------------------------------------------------------------
+def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, title: str = "") -> Path:
+    """Return, success, IS ESS and ratio statistics against environment episodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    x = [r["episodes"] for r in train]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    ax = axes[0, 0]
+    ax.plot(x, [r.get("return_mean", float("nan")) for r in train], label="train return (mean)")
+    ax.set_title("episode return")
+    ax.legend(fontsize=8)
+    ax = axes[0, 1]
+    ax.plot(x, [r.get("success", float("nan")) for r in train], alpha=0.6, label="train success (sampled)")
+    if evals:
+        ex = [r["episodes"] for r in evals]
+        ey = [r["success"] for r in evals]
+        lo = [r["success"] - r.get("success_ci_low", r["success"]) for r in evals]
+        hi = [r.get("success_ci_high", r["success"]) - r["success"] for r in evals]
+        ax.errorbar(ex, ey, yerr=[lo, hi], fmt="o-", capsize=3, color="C3", label="held-out eval (95% CI)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("success rate")
+    ax.legend(fontsize=8)
+    ax = axes[1, 0]
+    keys = sorted({k for r in train for k in r if k.startswith("ess")})
+    for k in keys:
+        pts = [(r["episodes"], r[k]) for r in train if k in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=k, alpha=0.8)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_title("IS effective sample size / n (replay updates, by age)")
+    if keys:
+        ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    for k in ("ratio_mean", "ratio_max", "ratio_min", "clip_frac"):
+        pts = [(r["episodes"], r[k]) for r in train if k in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, alpha=0.8)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_title("token ratio vs behaviour policy (all updates)")
+    ax.legend(fontsize=8)
+    for a in axes.flat:
+        a.set_xlabel("environment episodes")
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out_path = Path(out_path)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table with aligned columns."""
+    cells = [[str(h) for h in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])

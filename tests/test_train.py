@@ -1,0 +1,200 @@
+"""The learner end to end on tiny settings: config/CLI, the first on-policy update, zero-signal
+groups, non-finite updates, exact resume, corrupt checkpoints, text and image tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import train
+from learner.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+from learner.loss import LossConfig
+from learner.report import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Tiny, fast, deterministic settings (B=2, G=2, short replies, tiny evaluations).
+TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, warmup_seconds=0.0, eval_every=2, eval_episodes=2,
+            initial_eval_episodes=2, final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False,
+            threads=1)
+
+
+def tiny_config(tmp_path: Path, **overrides) -> train.Config:
+    return train.Config(runs_root=str(tmp_path), **{**TINY, **overrides})
+
+
+@pytest.fixture(scope="module")
+def text_setup():
+    from agents.policy import Policy
+    from agents.runner import Runner
+    from agents.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    policy = Policy.from_pretrained(build_tiny_model("text"))
+    runner = Runner(policy, "freshper/FrozenLake-v0", group_size=2, max_new_tokens=4, seed=3)
+    records, _ = runner.collect([11, 12], policy_version=0)
+    return policy, records
+
+
+def _optimizer(policy):
+    opt = torch.optim.Adam(policy.model.parameters(), lr=1e-2)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def _params(policy) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.model.parameters()]
+
+
+# -- config ------------------------------------------------------------------------------------
+def test_every_config_field_is_documented_and_a_flag() -> None:
+    docs = train.field_docs(train.Config)
+    names = [f.name for f in dataclasses.fields(train.Config)]
+    assert set(names) == set(docs), f"undocumented fields: {set(names) - set(docs)}"
+    help_text = train.build_parser().format_help()
+    for name in names:
+        assert "--" + name.replace("_", "-") in help_text
+
+
+def test_yaml_config_then_flags_override(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"replay": "fresh", "tau": 7.5, "lr": 1e-4}))
+    cfg = train.parse_config(["--config", str(path), "--lr", "2e-4", "--dual-clip", "none", "--env-kwargs", '{"size": 4}'])
+    assert (cfg.replay, cfg.tau, cfg.lr, cfg.dual_clip, cfg.env_kwargs) == ("fresh", 7.5, 2e-4, None, {"size": 4})
+
+
+def test_unknown_yaml_key_and_bad_values_are_clear_errors(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("replay_ration: 2\n")
+    with pytest.raises(ValueError, match="did you mean replay_ratio"):
+        train.parse_config(["--config", str(path)])
+    with pytest.raises(ValueError, match="--replay must be"):
+        train.parse_config(["--replay", "prioritized"])
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path: Path) -> None:
+    cfg = train.parse_config(["--config", str(path)])
+    assert cfg.env_id.startswith("freshper/")
+
+
+# -- updates on real records --------------------------------------------------------------------
+def test_first_on_policy_update_has_ratio_exactly_one(text_setup) -> None:
+    policy, records = text_setup
+    state = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    opt, sched = _optimizer(policy)
+    cfg = train.Config()
+    n = len(records)
+    stats = train.policy_update(policy, None, opt, sched, records, np.ones(n), np.zeros(n), cfg, LossConfig(), on_policy=True)
+    policy.model.load_state_dict(state)
+    assert stats["ratio_mean"] == 1.0 and stats["ratio_max"] == 1.0 and stats["ratio_min"] == 1.0
+    assert stats["clip_frac"] == 0.0
+    # ... because the stored behaviour log-probs are those of the same weights (up to fp32 noise).
+    assert stats["behavior_logprob_gap"] < 1e-4
+
+
+def test_all_equal_groups_give_zero_gradient_and_leave_weights_unchanged(text_setup) -> None:
+    policy, records = text_setup
+    flat = [dataclasses.replace(r, advantage=0.0) for r in records]
+    before = _params(policy)
+    opt, sched = _optimizer(policy)
+    n = len(flat)
+    stats = train.policy_update(policy, None, opt, sched, flat, np.ones(n), np.zeros(n), train.Config(),
+                                LossConfig(), on_policy=False)
+    assert stats["grad_norm"] == 0.0
+    for a, b in zip(before, policy.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_nonfinite_loss_skips_the_update(text_setup) -> None:
+    """A replayed record with corrupt (NaN) behaviour log-probs makes the loss NaN: skip it."""
+    policy, records = text_setup
+    bad = records[0]
+    sample = dataclasses.replace(bad.samples[0], behavior_logprobs=bad.samples[0].behavior_logprobs.copy())
+    sample.behavior_logprobs[sample.loss_mask == 1] = np.nan
+    broken = [dataclasses.replace(bad, samples=[sample] + bad.samples[1:], advantage=1.0)] + records[1:]
+    before = _params(policy)
+    opt, sched = _optimizer(policy)
+    n = len(broken)
+    stats = train.policy_update(policy, None, opt, sched, broken, np.ones(n), np.ones(n), train.Config(),
+                                LossConfig(), on_policy=False)
+    assert stats["skipped"] == 1.0 and stats["nonfinite"] == "loss"
+    for a, b in zip(before, policy.model.parameters()):
+        assert torch.equal(a, b)
+
+
+# -- whole runs ------------------------------------------------------------------------------------
+def _train_rows(run_dir: Path) -> list[dict]:
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] in ("train", "eval")]
+    return [{k: v for k, v in r.items() if not ("time" in k or k.endswith("per_s"))} for r in rows]
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(ckpt / "model" / "model.safetensors"))
+
+
+def test_resume_continues_exactly(tmp_path: Path) -> None:
+    """4 iterations in one go == 2 iterations, stop, resume, 2 more: same metrics and weights."""
+    kw = dict(iterations=4, replay="fresh", replay_ratio=1, replay_batch=4, buffer_capacity=8, kl_coef=0.04,
+              warmup_seconds=5.0, warmup_steps=1, warmup_tasks=1)
+    train.train(tiny_config(tmp_path, run_name="whole", **kw))
+    train.train(tiny_config(tmp_path, run_name="split", **{**kw, "iterations": 2}))
+    resumed = train.parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4"])
+    assert resumed.replay == "fresh" and resumed.iterations == 4
+    train.train(resumed)
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    rows_whole = [r for r in _train_rows(whole) if r.get("phase") != "final"]
+    rows_split = [r for r in _train_rows(split) if r.get("phase") != "final"]
+    assert [r["iteration"] for r in rows_split if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert rows_whole == rows_split
+    wa, wb = _weights(list_checkpoints(whole / "checkpoints")[-1]), _weights(list_checkpoints(split / "checkpoints")[-1])
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # The run's outputs are all there.
+    for name in ("config.yaml", "metrics.jsonl", "curves.png", "summary.json", "eval/final/records.jsonl"):
+        assert (whole / name).exists(), name
+    assert any(r["kind"] == "train" and "ess/age_1-2" in r for r in read_metrics(whole / "metrics.jsonl"))
+
+
+def test_image_task_trains_end_to_end_with_replay(tmp_path: Path) -> None:
+    summary = train.train(tiny_config(tmp_path, run_name="vision", env_id="freshper/FrozenLakeVision-v0", iterations=2,
+                                      replay="fresh", replay_batch=4, eval_every=0, tensorboard=True, gifs=1))
+    run = tmp_path / "vision"
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(rows) == 2 and all(r["skipped"] == 0.0 and math.isfinite(r["loss"]) for r in rows)
+    assert "replay_loss" in rows[-1] and rows[-1]["buffer_size"] == 8
+    assert list((run / "eval" / "final").glob("episode_*.gif"))
+    assert list((run / "tensorboard").glob("events.*"))
+    assert summary["iterations"] == 2
+
+
+def test_repeated_nonfinite_updates_stop_the_run_and_keep_the_checkpoint(tmp_path: Path) -> None:
+    # kl_coef = inf: the KL to the (identical) reference is exactly 0 and inf * 0 is NaN, every update.
+    cfg = tiny_config(tmp_path, run_name="nan", iterations=5, kl_coef=math.inf, max_nonfinite=2, replay="none")
+    with pytest.raises(train.NonFiniteError, match="consecutive"):
+        train.train(cfg)
+    ckpts = list_checkpoints(tmp_path / "nan" / "checkpoints")
+    assert [c.name for c in ckpts] == ["iter_000000"]
+    verify_checkpoint(ckpts[0])
+    assert train.main(["--resume", str(tmp_path / "nan"), "--iterations", "5"]) == 2  # stops again, cleanly
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    train.train(tiny_config(tmp_path, run_name="c", iterations=2, eval_every=0))
+    ckpt = list_checkpoints(tmp_path / "c" / "checkpoints")[-1]
+    weights = ckpt / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors does not match its checksum"):
+        train.train(train.parse_config(["--resume", str(tmp_path / "c")]))
+    (ckpt / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        verify_checkpoint(ckpt)
