@@ -1,0 +1,314 @@
+"""The policy: an HF causal LM or Qwen2-VL-family model with its tokenizer/processor.
+
+One class serves the tiny embedded defaults and real checkpoints (Qwen2.5-0.5B-Instruct,
+Qwen2.5-VL-3B-Instruct) loaded from a local folder. It does three things the runner and the
+learner need, and keeps them consistent with each other:
+
+- rendering: a chat message to token ids, *only the new message* (see :mod:`agents.chat`), with
+  images expanded to their pad tokens by the processor;
+- sampling: one batched, KV-cached ``generate`` over left-padded prompts, returning the sampled
+  ids and their log-probs ``log_softmax(logits / T)`` taken at sampling time;
+- scoring: :meth:`Policy.token_logprobs` recomputes those log-probs (differentiably) over
+  right-padded records, so the learner's ratios start at exactly 1 for fresh data.
+
+The sampling distribution is exactly ``softmax(logits / T)`` with the vision special tokens
+removed (sampling ``<|image_pad|>`` in a reply would break the next forward pass of a VLM):
+the model's own ``generation_config`` (top-k/top-p/repetition penalty of a Qwen checkpoint)
+is replaced by a neutral one, and the same token mask is applied when scoring.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from agents.chat import ChatRenderer
+from agents.record import Sample
+
+logger = logging.getLogger(__name__)
+
+_VISION_SPECIALS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+@dataclass
+class Generation:
+    """What one prompt produced: sampled ids (ending with EOS unless cut by the length limit)
+    and their behaviour log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool  # ended with EOS (False: hit max_new_tokens)
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads (default: the CPUs this process may use, at most 8).
+
+    Tiny models gain nothing past a few threads and shared machines lose a lot from
+    oversubscription, so CLIs and benchmarks call this once at start-up.
+    """
+    if num_threads is None:
+        try:
+            num_threads = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            num_threads = os.cpu_count() or 1
+        num_threads = max(1, min(8, num_threads))
+    torch.set_num_threads(num_threads)
+    return num_threads
+
+
+class Policy:
+    """A language or vision-language model plus tokenizer (and processor for VLMs)."""
+
+    def __init__(self, model, tokenizer, processor=None, *, name: str = "") -> None:
+        from transformers import GenerationConfig
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.name = name
+        self.is_vision = processor is not None and getattr(processor, "image_processor", None) is not None
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.eos_token_id: int = int(tokenizer.convert_tokens_to_ids("<|im_end|>")
+                                     if "<|im_end|>" in tokenizer.get_vocab() else tokenizer.eos_token_id)
+        self.pad_token_id: int = int(tokenizer.pad_token_id)
+        vocab = tokenizer.get_vocab()
+        self.suppressed_ids: list[int] = (
+            sorted(vocab[t] for t in _VISION_SPECIALS if t in vocab) if self.is_vision else []
+        )
+        # A neutral generation config: a checkpoint's top-k/top-p/penalties must not silently
+        # change the sampling distribution away from softmax(logits / T).
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, bos_token_id=None
+        )
+        import inspect
+
+        self._wants_mm_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
+        vocab_ids = tokenizer.get_vocab()
+        self._image_token_id = vocab_ids.get("<|image_pad|>")
+        self._video_token_id = vocab_ids.get("<|video_pad|>")
+        self.chat = ChatRenderer(self)
+
+    # -- loading and saving ---------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> "Policy":
+        """Load a causal LM or a Qwen2-VL-family VLM with its tokenizer/processor.
+
+        ``path`` is a local folder (or a hub id where a hub is reachable). Vision models are
+        recognised by their config (a ``vision_config``), text models load with
+        ``AutoModelForCausalLM``.
+        """
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        path_str = str(path)
+        if not Path(path_str).exists() and ("/" not in path_str or path_str.startswith((".", "/"))):
+            raise FileNotFoundError(f"no model folder at {path_str!r} (and it is not a hub id)")
+        config = AutoConfig.from_pretrained(path_str)
+        if getattr(config, "vision_config", None) is not None:
+            from transformers import AutoProcessor
+
+            try:
+                from transformers import AutoModelForImageTextToText as auto_vlm
+            except ImportError:  # older transformers
+                from transformers import AutoModelForVision2Seq as auto_vlm
+            model = auto_vlm.from_pretrained(path_str, dtype=dtype)
+            processor = AutoProcessor.from_pretrained(path_str)
+            tokenizer = processor.tokenizer
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path_str, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(path_str)
+            processor = None
+        model.to(device)
+        model.eval()
+        return cls(model, tokenizer, processor, name=path_str)
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """Write model, tokenizer and processor so :meth:`from_pretrained` reloads them."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        if self.processor is not None:
+            self.processor.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- text ----------------------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids to text, special tokens kept (so a reply decodes to exactly what was sampled)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def reply_text(self, ids: Sequence[int]) -> str:
+        """The reply a sampled sequence stands for: its text without the closing EOS."""
+        ids = list(ids)
+        if ids and ids[-1] == self.eos_token_id:
+            ids = ids[:-1]
+        return self.decode(ids)
+
+    def encode_reply(self, text: str) -> list[int]:
+        """Token ids of a scripted assistant reply, closed by EOS as a sampled one would be."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.eos_token_id]
+
+    # -- images --------------------------------------------------------------------------
+    def prepare_image(self, image: np.ndarray):
+        """A uint8 (H, W, 3) array as the PIL image the processor sees (qwen-vl-utils sizing)."""
+        from PIL import Image
+
+        pil = Image.fromarray(np.asarray(image, dtype=np.uint8), mode="RGB")
+        try:
+            from qwen_vl_utils import fetch_image
+
+            patch = getattr(self.processor.image_processor, "patch_size", 14)
+            return fetch_image({"image": pil}, image_patch_size=patch)
+        except ImportError:
+            return pil
+
+    def vision_inputs(self, images: Sequence[np.ndarray]) -> dict[str, torch.Tensor]:
+        """``pixel_values`` and ``image_grid_thw`` for images in order (deterministic)."""
+        if not images:
+            return {}
+        out = self.processor.image_processor(images=[self.prepare_image(im) for im in images], return_tensors="pt")
+        dtype = next(self.model.parameters()).dtype
+        return {
+            "pixel_values": out["pixel_values"].to(self.device, dtype),
+            "image_grid_thw": out["image_grid_thw"].to(self.device),
+        }
+
+    def _mm_types(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``mm_token_type_ids`` (1 image, 2 video, 0 text) for transformers versions that want it."""
+        if not (self.is_vision and self._wants_mm_types):
+            return {}
+        types = torch.zeros_like(ids)
+        if self._image_token_id is not None:
+            types[ids == self._image_token_id] = 1
+        if self._video_token_id is not None:
+            types[ids == self._video_token_id] = 2
+        return {"mm_token_type_ids": types}
+
+    # -- log-probs -----------------------------------------------------------------------
+    def _logprobs_of(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log_softmax(logits / T)[target]`` with suppressed tokens removed; logits [..., V]."""
+        logits = logits.float() / temperature
+        if self.suppressed_ids:
+            logits = logits.clone()
+            logits[..., self.suppressed_ids] = float("-inf")
+        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+
+    def token_logprobs(
+        self,
+        samples: Sequence[Sample],
+        images: Sequence[Sequence[np.ndarray]] | None = None,
+        *,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Log-probs [B, T_max] (right-padded) of each token given the ones before it.
+
+        Entry 0 and padding are 0. Differentiable: the learner backpropagates through it.
+        ``images[b]`` are sample b's images in order (``[Trajectory.images[i] for i in
+        sample.image_ids]``); they are required for vision samples.
+        """
+        if not samples:
+            return torch.zeros(0, 0, device=self.device)
+        device = self.device
+        lengths = [len(s.token_ids) for s in samples]
+        t_max = max(lengths)
+        ids = torch.full((len(samples), t_max), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(samples), t_max), dtype=torch.long)
+        for b, s in enumerate(samples):
+            ids[b, : lengths[b]] = torch.as_tensor(s.token_ids, dtype=torch.long)
+            mask[b, : lengths[b]] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        kwargs: dict = {}
+        if self.is_vision:
+            flat = [im for per in (images or [[] for _ in samples]) for im in per]
+            n_needed = sum(len(s.image_ids) for s in samples)
+            if len(flat) != n_needed:
+                raise ValueError(f"samples reference {n_needed} images but {len(flat)} were given")
+            kwargs = {**self.vision_inputs(flat), **self._mm_types(ids)}
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
+        lp = self._logprobs_of(logits[:, :-1], ids[:, 1:], temperature) * mask[:, 1:]
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+    # -- sampling ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        images: Sequence[Sequence[np.ndarray]] | None = None,
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        greedy: bool = False,
+    ) -> list[Generation]:
+        """One batched, KV-cached generation over left-padded prompts.
+
+        Stops each row at ``<|im_end|>`` (kept) or ``max_new_tokens``. Log-probs are
+        ``log_softmax(logits / temperature)`` of the chosen tokens, also when ``greedy``.
+        """
+        from transformers import GenerationConfig
+
+        if not prompts:
+            return []
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
+        device = self.device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            if len(p):
+                ids[b, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+                mask[b, width - len(p):] = 1
+        kwargs: dict = {}
+        if self.is_vision:
+            kwargs = {**self.vision_inputs([im for per in (images or []) for im in per]), **self._mm_types(ids)}
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=float(temperature) if not greedy else None,
+            top_k=0 if not greedy else None,
+            top_p=1.0,
+            min_p=None,
+            typical_p=1.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            max_new_tokens=int(max_new_tokens),
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            suppress_tokens=list(self.suppressed_ids) or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+            use_cache=True,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                **{k: v.to(device) for k, v in kwargs.items()},
+            )
+        finally:
+            self.model.train(was_training)
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1)  # [B, S, V] raw (before processors)
+        lps = self._logprobs_of(logits, new, temperature).cpu().tolist()
+        new = new.cpu().tolist()
+        results = []
+        for row, lp in zip(new, lps):
+            if self.eos_token_id in row:
+                n = row.index(self.eos_token_id) + 1
+                results.append(Generation(row[:n], lp[:n], True))
+            else:
+                results.append(Generation(row, lp, False))
+        return results

@@ -1,0 +1,319 @@
+"""The batched rollout runner: B tasks x G rollouts, one batched generate per turn.
+
+Each episode keeps its token view as pieces that are only ever appended to: the ids of each
+user message rendered alone (:mod:`agents.chat`) and the ids the model sampled. A prompt is a
+concatenation of those pieces, so nothing is re-tokenized and the learner trains on exactly the
+sampled ids. Context modes (DESIGN.md, "Context modes"):
+
+- ``full``: one growing sequence per episode, stored as one :class:`~agents.record.Sample`;
+- ``window:k``: each turn's prompt is the instructions plus the last k turns (k = 0: the
+  current observation only); one Sample per turn.
+
+A reply cut by ``max_new_tokens`` has no ``<|im_end|>``; when it becomes history the runner
+closes it with an unsampled EOS (loss mask 0). If the next prompt plus ``max_new_tokens``
+would exceed ``max_context_tokens`` the episode ends with ``truncated=True`` before that turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from agents.policy import Policy
+from agents.record import Sample, Trajectory, Turn, assign_group_advantages
+
+logger = logging.getLogger(__name__)
+
+ReplyFn = Callable[[dict, dict, Any], str]
+
+
+def parse_context(context: str) -> int | None:
+    """``"full"`` -> None, ``"window:k"`` -> k; anything else raises a clear error."""
+    if context == "full":
+        return None
+    if context.startswith("window:"):
+        try:
+            k = int(context.split(":", 1)[1])
+        except ValueError:
+            k = -1
+        if k >= 0:
+            return k
+    raise ValueError(f"context must be 'full' or 'window:k' with k >= 0, got {context!r}")
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one running episode."""
+
+    seed: int
+    group_id: int
+    env: Any
+    obs: dict
+    info: dict
+    instructions: str
+    images: list[np.ndarray] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    user_ids: list[list[int]] = field(default_factory=list)  # per turn; turn 0 as a first message
+    user_imgs: list[list[int]] = field(default_factory=list)  # per turn: indices into images
+    reply_ids: list[list[int]] = field(default_factory=list)
+    reply_lps: list[list[float]] = field(default_factory=list)
+    reply_closed: list[bool] = field(default_factory=list)  # ended with a sampled EOS
+    samples: list[Sample] = field(default_factory=list)
+    episode_return: float = 0.0
+    success: bool = False
+    truncated: bool = False
+    failed: bool = False
+    end_reason: str = ""
+
+
+class Runner:
+    """Plays groups of episodes of one task with a policy and emits trajectory records."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        env_id: str,
+        *,
+        env_kwargs: dict[str, Any] | None = None,
+        group_size: int = 8,
+        context: str = "window:0",
+        max_new_tokens: int = 16,
+        temperature: float = 1.0,
+        max_context_tokens: int = 2048,
+        seed: int = 0,
+    ) -> None:
+        import envs  # noqa: F401  (registers the tasks)
+
+        self.policy = policy
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.group_size = int(group_size)
+        self.context = context
+        self.window = parse_context(context)
+        self.max_new_tokens = int(max_new_tokens)
+        self.temperature = float(temperature)
+        self.max_context_tokens = int(max_context_tokens)
+        self.seed = int(seed)
+        self._envs: list[Any] = []
+        self._calls = 0
+        self._next_group = 0
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+
+    def _env_pool(self, n: int) -> list[Any]:
+        from envs.registry import make
+
+        while len(self._envs) < n:
+            self._envs.append(make(self.env_id, **self.env_kwargs))
+        return self._envs[:n]
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs.clear()
+
+    # -- prompts -------------------------------------------------------------------------
+    def _history(self, ep: _Episode, start: int, t: int) -> tuple[list[int], list[int]]:
+        """Ids and image indices of the replies of turns ``start..t-1``, each followed by the
+        next user message (rendered as a continuation)."""
+        ids: list[int] = []
+        imgs: list[int] = []
+        eos = self.policy.eos_token_id
+        for j in range(start, t):
+            ids += ep.reply_ids[j] + ([] if ep.reply_closed[j] else [eos])
+            ids += ep.user_ids[j + 1]
+            imgs += ep.user_imgs[j + 1]
+        return ids, imgs
+
+    def _prompt(self, ep: _Episode) -> tuple[list[int], list[int]]:
+        """Prompt ids and the image indices they reference, for the current turn."""
+        t = len(ep.turns)
+        if self.window is None or t <= self.window:
+            ids, imgs = self._history(ep, 0, t)
+            return ep.user_ids[0] + ids, ep.user_imgs[0] + imgs
+        start = t - self.window
+        observation = ep.obs["text"] if start == t else ep.turns[start].observation
+        first_imgs = ep.user_imgs[start]
+        head = self.policy.chat.first_message(
+            f"{ep.instructions}\n\n{observation}", [ep.images[i] for i in first_imgs]
+        )
+        ids, imgs = self._history(ep, start, t)
+        return head + ids, first_imgs + imgs
+
+    # -- the loop ------------------------------------------------------------------------
+    def collect(
+        self,
+        seeds: Sequence[int],
+        *,
+        policy_version: int,
+        reply_fn: ReplyFn | None = None,
+        greedy: bool = False,
+        progress: bool = False,
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Play ``len(seeds) x group_size`` episodes; return records (with group advantages)
+        and stats. ``reply_fn(obs, info, env)`` replaces the model (scripted replies: loss
+        mask 1, behaviour log-probs 0)."""
+        from tqdm.auto import tqdm
+
+        wall0 = time.perf_counter()
+        timers = {"generation_s": 0.0, "env_s": 0.0, "tokenization_s": 0.0}
+        n = len(seeds) * self.group_size
+        pool = self._env_pool(n)
+        episodes: list[_Episode] = []
+        t0 = time.perf_counter()
+        for i, seed in enumerate(seeds):
+            for g in range(self.group_size):
+                env = pool[i * self.group_size + g]
+                obs, info = env.reset(seed=int(seed))
+                episodes.append(_Episode(int(seed), self._next_group + i, env, obs, info, info.get("instructions", "")))
+        self._next_group += len(seeds)
+        timers["env_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for ep in episodes:
+            self._observe(ep, first=True)
+        timers["tokenization_s"] += time.perf_counter() - t0
+
+        bar = tqdm(total=n, desc=f"collect {self.env_id}", unit="ep", disable=not progress, leave=False)
+        active = list(episodes)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + self._calls)
+            self._calls += 1
+            while active:
+                t0 = time.perf_counter()
+                batch, prompts, prompt_imgs = [], [], []
+                for ep in active:
+                    ids, imgs = self._prompt(ep)
+                    if len(ids) + self.max_new_tokens > self.max_context_tokens:
+                        ep.truncated, ep.end_reason = True, "context budget"
+                        continue
+                    batch.append(ep)
+                    prompts.append(ids)
+                    prompt_imgs.append(imgs)
+                replies: list[tuple[list[int], list[float], bool]] = []
+                if reply_fn is not None:
+                    texts = [reply_fn(ep.obs, ep.info, ep.env) for ep in batch]
+                    for text in texts:
+                        ids = self.policy.encode_reply(text)
+                        replies.append((ids, [0.0] * len(ids), True))
+                    timers["tokenization_s"] += time.perf_counter() - t0
+                else:
+                    timers["tokenization_s"] += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    gens = self.policy.generate(
+                        prompts,
+                        [[ep.images[k] for k in imgs] for ep, imgs in zip(batch, prompt_imgs)],
+                        max_new_tokens=self.max_new_tokens,
+                        temperature=self.temperature,
+                        greedy=greedy,
+                    )
+                    replies = [(g.token_ids, g.logprobs, g.finished) for g in gens]
+                    timers["generation_s"] += time.perf_counter() - t0
+                still = []
+                for ep, prompt, imgs, (ids, lps, closed) in zip(batch, prompts, prompt_imgs, replies):
+                    if self._step(ep, prompt, imgs, ids, lps, closed, timers):
+                        still.append(ep)
+                bar.update(len(active) - len(still))
+                active = still
+        bar.close()
+        records = [self._record(ep, policy_version) for ep in episodes]
+        assign_group_advantages(records)
+        return records, self._stats(records, timers, time.perf_counter() - wall0)
+
+    def _observe(self, ep: _Episode, first: bool = False) -> None:
+        """Render the current observation as the next user message's ids."""
+        img = ep.obs.get("image") if self.policy.is_vision else None
+        imgs = [] if img is None else [np.array(img, dtype=np.uint8, copy=True)]
+        ep.user_imgs.append(list(range(len(ep.images), len(ep.images) + len(imgs))))
+        ep.images.extend(imgs)
+        chat = self.policy.chat
+        render = chat.first_message if first else chat.next_message
+        ep.user_ids.append(render(ep.obs["text"], imgs))
+
+    def _step(self, ep: _Episode, prompt: list[int], imgs: list[int], ids: list[int], lps: list[float],
+              closed: bool, timers: dict[str, float]) -> bool:
+        """Apply one reply; return True while the episode goes on."""
+        t0 = time.perf_counter()
+        reply = self.policy.reply_text(ids)
+        t = len(ep.turns)
+        ep.reply_ids.append(list(ids))
+        ep.reply_lps.append(list(lps))
+        ep.reply_closed.append(closed)
+        if self.window is not None:
+            ep.samples.append(Sample(
+                prompt + list(ids), [0] * len(prompt) + [1] * len(ids), [0.0] * len(prompt) + list(lps), list(imgs)
+            ))
+        timers["tokenization_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        obs, reward, terminated, truncated, info = ep.env.step(reply)
+        timers["env_s"] += time.perf_counter() - t0
+        image_index = ep.user_imgs[t][0] if ep.user_imgs[t] else None
+        ep.turns.append(Turn(ep.obs["text"], reply, float(reward), bool(info.get("action_is_valid", True)), image_index))
+        ep.episode_return += float(reward)
+        ep.success = bool(info.get("success", False))
+        ep.obs, ep.info = obs, info
+        if info.get("failed"):
+            ep.failed, ep.end_reason = True, "failed"
+            return False
+        if terminated or truncated:
+            ep.truncated = bool(truncated and not terminated)
+            ep.end_reason = "terminated" if terminated else "turn limit"
+            return False
+        t0 = time.perf_counter()
+        self._observe(ep)
+        timers["tokenization_s"] += time.perf_counter() - t0
+        return True
+
+    def _record(self, ep: _Episode, policy_version: int) -> Trajectory:
+        samples = ep.samples
+        n = len(ep.turns)
+        if self.window is None and n:
+            ids: list[int] = list(ep.user_ids[0])
+            mask = [0] * len(ids)
+            lps = [0.0] * len(ids)
+            img_ids = list(ep.user_imgs[0])
+            for j in range(n):
+                if j:
+                    ext = ([] if ep.reply_closed[j - 1] else [self.policy.eos_token_id]) + ep.user_ids[j]
+                    ids += ext
+                    mask += [0] * len(ext)
+                    lps += [0.0] * len(ext)
+                    img_ids += ep.user_imgs[j]
+                ids += ep.reply_ids[j]
+                mask += [1] * len(ep.reply_ids[j])
+                lps += ep.reply_lps[j]
+            samples = [Sample(ids, mask, lps, img_ids)]
+        images = list(ep.images)
+        extra: dict[str, Any] = {"end_reason": ep.end_reason, "final_observation": ep.obs.get("text", "")}
+        if len(ep.user_ids) == n and self.policy.is_vision and "image" in ep.obs:  # final frame, for GIFs
+            images.append(np.array(ep.obs["image"], dtype=np.uint8, copy=True))
+            extra["final_image_index"] = len(images) - 1
+        return Trajectory(
+            env_id=self.env_id, seed=ep.seed, group_id=ep.group_id, turns=ep.turns, samples=samples,
+            episode_return=ep.episode_return, success=ep.success, policy_version=int(policy_version),
+            context=self.context, images=images, truncated=ep.truncated, failed=ep.failed, info=extra,
+        )
+
+    def _stats(self, records: list[Trajectory], timers: dict[str, float], wall: float) -> dict[str, float]:
+        turns = sum(r.num_turns for r in records)
+        invalid = sum(not t.action_is_valid for r in records for t in r.turns)
+        tokens = sum(r.num_sampled_tokens for r in records)
+        n = max(1, len(records))
+        return {
+            "episodes": len(records),
+            "turns": turns,
+            "sampled_tokens": tokens,
+            "invalid_reply_rate": invalid / max(1, turns),
+            "success_rate": sum(r.success for r in records) / n,
+            "mean_return": float(np.mean([r.episode_return for r in records])) if records else 0.0,
+            "truncated": sum(r.truncated for r in records),
+            "failed": sum(r.failed for r in records),
+            **timers,
+            "wall_s": wall,
+            "episodes_per_s": len(records) / max(wall, 1e-9),
+            "tokens_per_s": tokens / max(wall, 1e-9),
+        }

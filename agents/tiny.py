@@ -1,0 +1,263 @@
+"""The embedded default models: built offline in seconds, cached, loaded like any checkpoint.
+
+No model hub is reachable on the project's machines, so ``build_tiny_model`` writes a small
+model folder itself: a byte-level BPE tokenizer trained with ``tokenizers`` on text sampled from
+the registered tasks (random replies), with Qwen-style chat and vision special tokens and a
+Qwen-style chat template, plus a randomly initialised Qwen2 (text) or Qwen2-VL (vision) model.
+The folder is written with ``save_pretrained`` and is loaded through the same
+``Policy.from_pretrained`` path a real Qwen2.5 / Qwen2.5-VL checkpoint takes.
+
+The cache key hashes the training text and the configuration, so a change to a task's wording
+rebuilds the tokenizer instead of silently reusing a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+TINY_FORMAT_VERSION = 1
+#: Chat and vision special tokens, in id order right after the 256 byte tokens.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+#: Reply tags kept as single (non-special: they decode as text) tokens.
+TAG_TOKENS = ["<answer>", "</answer>", "<search>", "</search>", "<think>", "</think>", "<information>", "</information>"]
+
+#: Qwen2-VL-style template. Unlike Qwen's, it adds no default system message (shorter prompts).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_FALLBACK_TEXT = """\
+<answer>Up</answer> <answer>Down</answer> <answer>Left</answer> <answer>Right</answer>
+<search>query</search> <information>passage</information> <think>thinking</think>
+Invalid reply: no <answer>...</answer> tag found. Turns left: 0 1 2 3 4 5 6 7 8 9.
+The episode is over. You reached the goal. You fell into a hole. Reply with one move.
+"""
+
+
+def default_cache_dir() -> Path:
+    """``$FRESHPER_CACHE`` or ``.cache/freshper`` under the current directory."""
+    return Path(os.environ.get("FRESHPER_CACHE") or Path.cwd() / ".cache" / "freshper")
+
+
+def task_corpus(episodes_per_task: int = 12, seed: int = 0) -> str:
+    """Text of sampled episodes of every registered task that imports (random replies).
+
+    A task that fails to import or run is skipped with a log line: the tokenizer must build
+    even while a task is broken or missing.
+    """
+    import envs  # noqa: F401  (registers tasks)
+    from envs.registry import make, registered_tasks
+
+    rng = random.Random(seed)
+    parts = [_FALLBACK_TEXT]
+    for spec in registered_tasks():
+        try:
+            env = make(spec.id)
+        except Exception as exc:  # a task under construction must not break the build
+            logger.info("tiny tokenizer: skipping %s (%s)", spec.id, exc)
+            continue
+        try:
+            cls = type(env.unwrapped)
+            for ep in range(episodes_per_task):
+                obs, info = env.reset(seed=seed * 100_003 + ep)
+                parts.append(obs["text"])
+                for _ in range(10):
+                    reply = _random_reply(env, cls, rng)
+                    parts.append(reply)
+                    obs, _, term, trunc, info = env.step(reply)
+                    parts.append(obs["text"])
+                    if term or trunc:
+                        break
+        except Exception as exc:
+            logger.info("tiny tokenizer: task %s failed while sampling (%s)", spec.id, exc)
+        finally:
+            env.close()
+    return "\n".join(parts)
+
+
+def _random_reply(env, cls, rng: random.Random) -> str:
+    legal = []
+    try:
+        legal = list(env.unwrapped.legal_actions())
+    except Exception:
+        pass
+    if legal and rng.random() < 0.85:
+        return cls.format_reply(rng.choice(legal))
+    return rng.choice(["<answer>Up</answer>", "Down", "<answer>jump</answer>", "I think so."])
+
+
+def _train_tokenizer(corpus: str, vocab_size: int):
+    """A byte-level BPE with the special tokens first (fixed ids) and reply tags as single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.split("\n"), trainer=trainer)
+    tok.add_tokens(TAG_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _text_model(tokenizer, seed: int):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg)
+
+
+def _vision_model(tokenizer, seed: int):
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    ids = tokenizer.convert_tokens_to_ids
+    cfg = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=2, embed_dim=96, hidden_size=128, num_heads=4, mlp_ratio=2,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return Qwen2VLForConditionalGeneration(cfg)
+
+
+def _vision_processor(tokenizer):
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+
+    image_processor = Qwen2VLImageProcessor(
+        min_pixels=56 * 56, max_pixels=28 * 28 * 256, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    try:
+        from transformers import Qwen2VLVideoProcessor
+
+        video_processor = Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2)
+    except Exception:  # older transformers: no video processor class
+        video_processor = None
+    return Qwen2VLProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_model(
+    modality: str = "text",
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    *,
+    vocab_size: int = 384,
+    force: bool = False,
+) -> Path:
+    """Build (once) and return the folder of the embedded tiny model for ``modality``.
+
+    ``"text"``: Qwen2, hidden 128, 4 layers, tied embeddings (~1M parameters).
+    ``"vision"``: Qwen2-VL with the same text stack and a 2-layer vision tower (patch 14,
+    spatial merge 2, so one 28x28 tile is one visual token) plus a Qwen2-VL processor.
+    The folder is written to a temporary name and renamed, so a crash never leaves a
+    half-written model; a folder missing its completion marker is rebuilt.
+    """
+    if modality not in ("text", "vision"):
+        raise ValueError(f"modality must be 'text' or 'vision', got {modality!r}")
+    corpus = task_corpus(seed=0)
+    key = hashlib.sha256(
+        json.dumps([TINY_FORMAT_VERSION, modality, seed, vocab_size, CHAT_TEMPLATE, corpus]).encode()
+    ).hexdigest()[:12]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / f"tiny-{modality}-s{seed}-{key}"
+    marker = target / "freshper_tiny.json"
+    if target.exists() and marker.exists() and not force:
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tiny-{modality}-"))
+    try:
+        tokenizer = _train_tokenizer(corpus, vocab_size)
+        if modality == "text":
+            model = _text_model(tokenizer, seed)
+            tokenizer.save_pretrained(tmp)
+        else:
+            model = _vision_model(tokenizer, seed)
+            _vision_processor(tokenizer).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        model.generation_config.do_sample = True
+        model.generation_config.top_k = None
+        model.generation_config.top_p = None
+        model.save_pretrained(tmp)
+        n_params = sum(p.numel() for p in model.parameters())
+        (tmp / "freshper_tiny.json").write_text(
+            json.dumps({"modality": modality, "seed": seed, "key": key, "parameters": n_params,
+                        "vocab_size": len(tokenizer)})
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("built tiny %s model (%d parameters) at %s", modality, n_params, target)
+    return target
