@@ -13,6 +13,7 @@ columns are comparable even on a shared, busy machine.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -99,6 +100,8 @@ class TorchRL:
         import torch
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+
+        logging.getLogger("torchrl").setLevel(logging.WARNING)  # its storage logs each allocation
 
         self.rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(n), batch_size=256)
         gen = torch.Generator().manual_seed(0)

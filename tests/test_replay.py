@@ -89,7 +89,8 @@ def test_probabilities_match_closed_form_under_adds_evictions_and_updates(mode, 
 @pytest.mark.parametrize("alpha,tau", [(0.6, 50.0), (1.0, 3.0)])
 def test_long_run_to_a_million_steps_rebases_and_stays_exact(alpha, tau):
     rng = np.random.default_rng(7)
-    buf = ReplayBuffer(300, mode="fresh", alpha=alpha, tau=tau, seed=0)
+    buf = ReplayBuffer(300, mode="fresh", alpha=alpha, tau=tau, beta=0.5, beta_final=0.5, seed=0,
+                       is_target="uniform", is_normalize="buffer")  # weights need the global minimum
     ref = Reference(300, "fresh", alpha, tau)
     step = 0
     while step < 1_000_000:
@@ -105,6 +106,10 @@ def test_long_run_to_a_million_steps_rebases_and_stays_exact(alpha, tau):
     assert step >= 1_000_000
     assert buf.rebases >= 5, "a long run with small tau must have rebased several times"
     assert np.all(np.isfinite(buf._sum.tree))
+    s = buf.sample(64, step)  # classical weights (N P_i)^-beta / max_j, in the log domain
+    lw = ref.log_weights(step)
+    pos = s.indices - list(ref.store)[0]
+    np.testing.assert_allclose(s.weights, np.exp(-0.5 * (lw[pos] - lw.min())), rtol=1e-8, atol=1e-300)
 
 
 def test_fresh_equals_refresh_at_every_step_of_a_long_random_run():
