@@ -361,3 +361,12 @@ def test_steps_that_go_backwards_far_still_sample_the_remaining_items():
     buf.add(["a", "b"], [1.0, 3.0], step=0)
     np.testing.assert_allclose(buf.probabilities(5)[1], [0.25, 0.75])
     assert set(buf.sample(64, 5).items) == {"a", "b"}
+
+
+def test_items_come_back_as_the_same_objects_whatever_their_type():
+    stored = [np.arange(3), (1, 2), [1, [2]], "s", {"k": np.zeros(2)}]
+    buf = ReplayBuffer(8, mode="uniform", seed=0)
+    ids = buf.add(stored, np.ones(5), step=0)
+    s = buf.sample(50, 0)
+    for item, i in zip(s.items, s.indices):
+        assert item is stored[int(i - ids[0])]
