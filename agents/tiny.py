@@ -211,7 +211,7 @@ def build_tiny_model(
     cache_dir: str | os.PathLike | None = None,
     seed: int = 0,
     *,
-    vocab_size: int = 384,
+    vocab_size: int = 512,
     force: bool = False,
 ) -> Path:
     """Build (once) and return the folder of the embedded tiny model for ``modality``.

@@ -1,0 +1,179 @@
+"""Held-out evaluation of a policy on one task, and its CLI.
+
+    python -m agents.evaluate --env freshper/FrozenLake-v0 [--model PATH] [--episodes 100]
+        [--seed 1000000] [--greedy] [--context window:0] [--save DIR]
+
+Seed convention: training draws task seeds below ``EVAL_SEED_OFFSET`` (10**6); evaluation uses
+seeds from ``EVAL_SEED_OFFSET`` on, so held-out maps are never trained on. Each evaluation
+episode is its own task seed (group size 1). Success is reported with a 95% Wilson interval,
+the mean return with a normal-approximation 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.policy import Policy, configure_threads
+from agents.record import Trajectory, save_records
+from agents.runner import Runner
+
+logger = logging.getLogger(__name__)
+
+EVAL_SEED_OFFSET = 10**6
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval for a binomial proportion (sane at 0% and 100%)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_interval(values: list[float], z: float = 1.959964) -> tuple[float, float]:
+    """Normal-approximation 95% interval of the mean."""
+    if not values:
+        return (0.0, 0.0)
+    arr = np.asarray(values, dtype=np.float64)
+    half = z * arr.std(ddof=1) / math.sqrt(len(arr)) if len(arr) > 1 else 0.0
+    return (float(arr.mean() - half), float(arr.mean() + half))
+
+
+@dataclass
+class EvalResult:
+    """Summary of an evaluation run plus its records."""
+
+    env_id: str
+    episodes: int
+    success_rate: float
+    success_ci: tuple[float, float]
+    mean_return: float
+    return_ci: tuple[float, float]
+    invalid_reply_rate: float
+    mean_turns: float
+    records: list[Trajectory] = field(default_factory=list, repr=False)
+    stats: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def table(self) -> str:
+        """A small plain-text table for the CLI."""
+        rows = [
+            ("task", self.env_id),
+            ("episodes", str(self.episodes)),
+            ("success", f"{self.success_rate:.3f}  [{self.success_ci[0]:.3f}, {self.success_ci[1]:.3f}]"),
+            ("mean return", f"{self.mean_return:.3f}  [{self.return_ci[0]:.3f}, {self.return_ci[1]:.3f}]"),
+            ("invalid replies", f"{self.invalid_reply_rate:.3f}"),
+            ("mean turns", f"{self.mean_turns:.2f}"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def evaluate(
+    policy: Policy,
+    env_id: str,
+    *,
+    episodes: int = 100,
+    seed: int = EVAL_SEED_OFFSET,
+    greedy: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+    context: str = "window:0",
+    max_new_tokens: int = 16,
+    temperature: float = 1.0,
+    max_context_tokens: int = 2048,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> EvalResult:
+    """Play ``episodes`` episodes on seeds ``seed, seed+1, ...`` and summarise them."""
+    runner = Runner(policy, env_id, env_kwargs=env_kwargs, group_size=1, context=context,
+                    max_new_tokens=max_new_tokens, temperature=temperature,
+                    max_context_tokens=max_context_tokens, seed=seed)
+    records: list[Trajectory] = []
+    seeds = list(range(seed, seed + episodes))
+    stats: dict[str, Any] = {}
+    try:
+        for start in range(0, len(seeds), batch_size):
+            recs, st = runner.collect(seeds[start:start + batch_size], policy_version=-1, greedy=greedy,
+                                      progress=progress)
+            records += recs
+            for k, v in st.items():
+                stats[k] = stats.get(k, 0) + v
+    finally:
+        runner.close()
+    n = len(records)
+    turns = sum(r.num_turns for r in records)
+    invalid = sum(not t.action_is_valid for r in records for t in r.turns)
+    returns = [r.episode_return for r in records]
+    wins = sum(r.success for r in records)
+    return EvalResult(
+        env_id=env_id, episodes=n, success_rate=wins / max(1, n), success_ci=wilson_interval(wins, n),
+        mean_return=float(np.mean(returns)) if returns else 0.0, return_ci=mean_interval(returns),
+        invalid_reply_rate=invalid / max(1, turns), mean_turns=turns / max(1, n), records=records, stats=stats,
+    )
+
+
+def save_gifs(records: list[Trajectory], folder: Path, limit: int = 4, fps: int = 2) -> list[Path]:
+    """One GIF per record (the observed frames, final frame included) for image tasks."""
+    from PIL import Image
+
+    out = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, rec in enumerate(r for r in records if r.images):
+        if n >= limit:
+            break
+        frames = [Image.fromarray(im) for im in rec.images]
+        path = folder / f"episode_{n}_seed{rec.seed}.gif"
+        frames[0].save(path, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+        out.append(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agents.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed (eval seeds start at 10**6)")
+    parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
+    parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_threads(args.threads)
+    import envs  # noqa: F401
+    from envs.registry import task_spec
+
+    spec = task_spec(args.env)
+    model = args.model
+    if model is None:
+        from agents.tiny import build_tiny_model
+
+        model = str(build_tiny_model(spec.modality))
+    policy = Policy.from_pretrained(model)
+    result = evaluate(policy, args.env, episodes=args.episodes, seed=args.seed, greedy=args.greedy,
+                      context=args.context, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, progress=True)
+    print(f"model {model}")
+    print(result.table())
+    if args.save:
+        folder = Path(args.save)
+        save_records(result.records, folder)
+        gifs = save_gifs(result.records, folder / "gifs")
+        print(f"saved {len(result.records)} records to {folder}" + (f" and {len(gifs)} GIFs" if gifs else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
