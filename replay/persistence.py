@@ -150,7 +150,7 @@ def read_checkpoint(path: str | os.PathLike, required: tuple[str, ...]) -> tuple
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:  # we close f, even on errors
             arrays = {k: z[k] for k in z.files}
     except Exception as exc:  # zip, npy-header and CRC errors all mean the same thing here
         raise ReplayCheckpointError(f"replay checkpoint {path!r} is truncated or corrupt: {exc}") from exc
