@@ -204,7 +204,11 @@ class Policy:
             logits = logits.clone()
             logits[..., self.suppressed_ids] = float("-inf")
         picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
+        out = picked - torch.logsumexp(logits, dim=-1)
+        if self.suppressed_ids:
+            # Prompt image tokens are never sampled: report 0, not -inf (-inf * mask 0 is NaN).
+            out = torch.where(torch.isfinite(out), out, torch.zeros_like(out))
+        return out
 
     def token_logprobs(
         self,
