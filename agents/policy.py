@@ -47,17 +47,18 @@ class Generation:
 
 
 def configure_threads(num_threads: int | None = None) -> int:
-    """Set torch's intra-op threads (default: the CPUs this process may use, at most 8).
+    """Set torch's intra-op threads; default 1 on machines with <= 2 CPUs, else half, at most 8.
 
-    Tiny models gain nothing past a few threads and shared machines lose a lot from
-    oversubscription, so CLIs and benchmarks call this once at start-up.
+    Measured on 2 shared cores (docs/performance_agents.md): a 64-episode FrozenLake collection
+    of the tiny model took 3.1 s with 1 thread and 28 s with 2 (spinning threads fighting the
+    other processes for the cores). CLIs and benchmarks call this once at start-up.
     """
     if num_threads is None:
         try:
-            num_threads = len(os.sched_getaffinity(0))
+            cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
-            num_threads = os.cpu_count() or 1
-        num_threads = max(1, min(8, num_threads))
+            cpus = os.cpu_count() or 1
+        num_threads = 1 if cpus <= 2 else max(1, min(8, cpus // 2))
     torch.set_num_threads(num_threads)
     return num_threads
 

@@ -1,0 +1,30 @@
+"""Evaluation: intervals, held-out seeds, the CLI's records and GIFs."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from agents.evaluate import EVAL_SEED_OFFSET, main, wilson_interval  # noqa: E402
+from agents.record import load_records  # noqa: E402
+
+
+def test_wilson_interval_is_sane_at_the_edges():
+    lo, hi = wilson_interval(0, 20)
+    assert lo == 0.0 and 0.1 < hi < 0.2
+    lo, hi = wilson_interval(10, 20)
+    assert lo < 0.5 < hi and abs((lo + hi) / 2 - 0.5) < 1e-9
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_cli_on_image_task_saves_records_and_gifs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "eval"
+    assert main(["--env", "freshper/FrozenLakeVision-v0", "--episodes", "3", "--max-new-tokens", "4",
+                 "--save", str(out), "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "success" in printed and "mean return" in printed
+    records = load_records(out)
+    assert len(records) == 3 and [r.seed for r in records] == [EVAL_SEED_OFFSET + i for i in range(3)]
+    assert len(list((out / "gifs").glob("*.gif"))) == 3
