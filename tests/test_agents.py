@@ -73,7 +73,7 @@ def test_tiny_model_is_cached_and_rebuilt_when_incomplete(cache, text_policy):
     assert 0.5e6 < n_params < 2e6
 
 
-@pytest.mark.parametrize("context", ["window:0", "full"])
+@pytest.mark.parametrize("context", ["window:0", "window:2", "full"])
 def test_text_records_reproduce_logprobs_and_replies(text_policy, context):
     runner = Runner(text_policy, TEXT, group_size=2, context=context, max_new_tokens=6, seed=1)
     records, stats = runner.collect([0, 1], policy_version=3)
@@ -176,3 +176,23 @@ def test_sampling_ignores_checkpoint_generation_defaults(text_policy):
     finally:
         text_policy.model.generation_config.top_k = 0
         text_policy.model.generation_config.repetition_penalty = 1.0
+
+
+def test_model_player_proposes_a_reply_each_turn(cache, monkeypatch, text_policy):
+    from agents.interactive import ModelPlayer
+    import envs
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(cache))
+    player = ModelPlayer(None, TEXT, max_new_tokens=6)
+    env = envs.make(TEXT)
+    obs, info = env.reset(seed=0)
+    player.reset(obs, info)
+    for _ in range(2):
+        reply = player.act(obs)
+        assert isinstance(reply, str)
+        obs, *_ = env.step(reply)
+
+
+def test_bad_context_mode_is_a_clear_error(text_policy):
+    with pytest.raises(ValueError, match="window:k"):
+        Runner(text_policy, TEXT, context="window:-1")
