@@ -36,6 +36,7 @@ import yaml
 from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resume, rng_state, save_checkpoint,
                                 set_rng_state, verify_checkpoint)
 from learner.loss import LossConfig, grpo_loss, ratio_stats, token_ratios
+from learner.prefix import sampled_logprobs
 from learner.report import (MetricsLogger, board_probe, format_table, intervals_disjoint, plot_curves, read_metrics,
                             wilson_interval)
 
@@ -45,6 +46,8 @@ logger = logging.getLogger("train")
 TRAIN_SEED_BLOCK = 100_000_000  # per run seed: training task seeds are seed * BLOCK + i * B + b
 WARMUP_SEED_BASE = 1_500_000_000
 EVAL_SEED_BASE = 1_900_000_000
+#: RL seconds of the default run (`python train.py`): the whole run stays under 10 min on 2 CPUs.
+DEFAULT_TIME_BUDGET = 360.0
 
 
 @dataclass
@@ -72,7 +75,7 @@ class Config:
     """prompt context: 'full' (whole conversation) or 'window:k' (instructions + last k turns)"""
     model: str | None = None
     """local model folder (HF layout); default: the embedded tiny model of the task's modality"""
-    max_new_tokens: int = 12
+    max_new_tokens: int = 8
     """reply length limit per turn, in tokens"""
     max_context_tokens: int = 1024
     """per-episode context budget; an episode that would overflow is truncated cleanly"""
@@ -81,12 +84,12 @@ class Config:
 
     # -- format warm-up (supervised, reply format only) -------------------------------------
     warmup_seconds: float | None = None
-    """time of the format warm-up on scripted random legal replies; default 45 s for the tiny model, 0 with --model"""
-    warmup_steps: int | None = None
-    """stop the warm-up after this many steps (whichever of seconds/steps comes first)"""
-    warmup_lr: float = 1e-3
+    """time cap of the format warm-up on scripted random legal replies; default 90 s for the tiny model, 0 with --model"""
+    warmup_steps: int | None = 40
+    """warm-up optimizer steps (the warm-up ends at whichever of steps/seconds comes first)"""
+    warmup_lr: float = 3e-3
     """learning rate of the warm-up"""
-    warmup_tasks: int = 8
+    warmup_tasks: int = 1
     """maps per warm-up step (scripted episodes: warmup_tasks x group_size)"""
 
     # -- rollouts and the RL schedule -------------------------------------------------------
@@ -97,7 +100,7 @@ class Config:
     iterations: int | None = None
     """stop after this many iterations"""
     time_budget: float | None = None
-    """stop the RL phase after this many seconds; if neither this nor --iterations is set: 330"""
+    """stop the RL phase after this many seconds; if neither this nor --iterations is set: 360"""
 
     # -- the loss --------------------------------------------------------------------------
     loss: str = "clip"
@@ -150,16 +153,19 @@ class Config:
     """optimizer steps over which beta anneals; default the run's expected steps"""
 
     # -- evaluation, checkpoints, logging ---------------------------------------------------
-    eval_every: int = 25
+    eval_every: int = 10
     """evaluate on held-out maps every this many iterations (0: never during training)"""
     eval_episodes: int = 64
     """episodes of a periodic evaluation"""
-    initial_eval_episodes: int = 200
-    """episodes of the before-training evaluations"""
+    initial_eval_episodes: int = 64
+    """episodes of the evaluation before the warm-up (the untrained model replies junk for 8 turns)"""
     final_eval_episodes: int = 200
-    """episodes of the final evaluation"""
-    eval_greedy: bool = True
-    """greedy decoding in evaluations (else sampled at --temperature)"""
+    """episodes of the start-of-RL (post-warm-up) and final evaluations: the learning claim compares these"""
+    eval_greedy: bool = False
+    """greedy decoding in evaluations; default sampled at --temperature (the policy being trained: early in
+    training greedy decoding of the tiny model collapses to one move)"""
+    eval_both: bool = True
+    """also evaluate with the other decoding at the start of RL and at the end (reported beside the verdict)"""
     checkpoint_every: int = 25
     """write a checkpoint every this many iterations (and at the end)"""
     keep_checkpoints: int = 2
@@ -330,14 +336,14 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: list, weights: np.nd
         seen_tokens += sum(len(s.token_ids) for s in samples)
         mask = _pad([s.loss_mask for s in samples], t_max, torch.float32)
         mu = _pad([s.behavior_logprobs for s in samples], t_max, torch.float32)
-        logp = masked(policy.token_logprobs(samples, images, temperature=cfg.temperature), mask)
+        logp = masked(sampled_logprobs(policy, samples, images, cfg.temperature), mask)
         if on_policy:
             gap = max(gap, float(((logp.detach() - mu).abs() * mask).max().item()))
             mu = logp.detach()
         ref_lp = None
         if loss_cfg.kl_coef != 0.0:
             with torch.no_grad():
-                ref_lp = masked(ref.token_logprobs(samples, images, temperature=cfg.temperature), mask)
+                ref_lp = masked(sampled_logprobs(ref, samples, images, cfg.temperature), mask)
         adv = torch.tensor([trajs[i].advantage for i, _ in chunk], dtype=torch.float32)
         w = torch.tensor([float(weights[i]) for i, _ in chunk], dtype=torch.float32)
         age = torch.tensor([float(ages[i]) for i, _ in chunk], dtype=torch.float32)
@@ -396,7 +402,7 @@ def warmup(policy, cfg: Config, seconds: float) -> dict[str, float]:
         for i in range(0, len(samples), cfg.micro_batch):
             part = samples[i : i + cfg.micro_batch]
             mask = _pad([s.loss_mask for s in part], max(len(s.token_ids) for s in part), torch.float32)
-            loss = -masked(policy.token_logprobs(part, images[i : i + cfg.micro_batch]), mask).sum() / n
+            loss = -masked(sampled_logprobs(policy, part, images[i : i + cfg.micro_batch]), mask).sum() / n
             loss.backward()
             loss_total += float(loss.item())
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.max_grad_norm)
@@ -408,51 +414,44 @@ def warmup(policy, cfg: Config, seconds: float) -> dict[str, float]:
             "warmup_loss_first": losses[0] if losses else float("nan"), "warmup_loss_last": losses[-1] if losses else float("nan")}
 
 
-def run_eval(policy, cfg: Config, episodes: int, run_dir: Path, tag: str) -> tuple[dict[str, Any], list]:
-    """Evaluate on held-out maps; return a flat dict of numbers (success with its 95% CI,
-    return, invalid rate, turns, board probe) and the records."""
-    try:
-        from agents.evaluate import evaluate
-    except ImportError:  # agents without the evaluation module: the same greedy protocol via the runner
-        evaluate = None
-    if evaluate is not None:
-        result = evaluate(policy, cfg.env_id, episodes=episodes, seed=EVAL_SEED_BASE, greedy=cfg.eval_greedy,
-                          env_kwargs=cfg.env_kwargs, context=cfg.context)
-        records = list(result.records)
-    else:
-        from agents.runner import Runner
+def run_eval(policy, cfg: Config, episodes: int, tag: str, greedy: bool | None = None) -> tuple[dict[str, Any], list]:
+    """Evaluate on held-out maps (seeds from EVAL_SEED_BASE, never trained on); return a flat
+    dict (success with its 95% Wilson CI, return, invalid rate, turns, board probe) and the records."""
+    from agents.evaluate import evaluate
 
-        runner = Runner(policy, cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=1, context=cfg.context,
-                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                        max_context_tokens=cfg.max_context_tokens, seed=EVAL_SEED_BASE)
-        records, _ = runner.collect(list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + episodes)), policy_version=0,
-                                    greedy=cfg.eval_greedy)
-    n = len(records)
-    wins = sum(bool(r.success) for r in records)
-    lo, hi = wilson_interval(wins, n)
+    greedy = cfg.eval_greedy if greedy is None else greedy
+    result = evaluate(policy, cfg.env_id, episodes=episodes, seed=EVAL_SEED_BASE, greedy=greedy,
+                      env_kwargs=cfg.env_kwargs, context=cfg.context, max_new_tokens=cfg.max_new_tokens,
+                      temperature=cfg.temperature, max_context_tokens=cfg.max_context_tokens)
     out: dict[str, Any] = {
-        "phase": tag, "episodes_eval": n, "success": wins / max(n, 1), "success_ci_low": lo, "success_ci_high": hi,
-        "return_mean": float(np.mean([r.episode_return for r in records])) if records else float("nan"),
-        "invalid_rate": float(np.mean([not t.action_is_valid for r in records for t in r.turns])) if records else 0.0,
-        "turns_mean": float(np.mean([r.num_turns for r in records])) if records else float("nan"),
+        "phase": tag, "decoding": "greedy" if greedy else "sampled", "episodes_eval": result.episodes,
+        "success": result.success_rate, "success_ci_low": result.success_ci[0], "success_ci_high": result.success_ci[1],
+        "return_mean": result.mean_return, "invalid_rate": result.invalid_reply_rate, "turns_mean": result.mean_turns,
     }
-    out.update(board_probe(records))
-    return out, records
+    out.update(board_probe(result.records))
+    return out, result.records
 
 
 def save_eval_outputs(records: list, run_dir: Path, tag: str, cfg: Config, is_vision: bool) -> None:
-    """Evaluation records (and GIFs of a few episodes for image tasks) under runs/<name>/eval/."""
+    """Evaluation records (and GIFs of a few episodes for image tasks) under runs/<name>/eval/<tag>/."""
+    from agents.evaluate import save_gifs
     from agents.record import save_records
 
     folder = run_dir / "eval" / tag
     save_records(records, folder)
     if is_vision and cfg.gifs > 0:
-        from PIL import Image
+        save_gifs(records, folder, limit=cfg.gifs)
 
-        for k, rec in enumerate(records[: cfg.gifs]):
-            frames = [Image.fromarray(im) for im in rec.images]
-            if frames:
-                frames[0].save(folder / f"episode_{k}.gif", save_all=True, append_images=frames[1:], duration=500, loop=0)
+
+def evaluate_phase(policy, cfg: Config, metrics: MetricsLogger, run_dir: Path, tag: str, episodes: int,
+                   state: dict[str, Any], evals: dict[str, dict[str, Any]], both: bool) -> None:
+    """Run the evaluation of a phase (and, if ``both``, the other decoding mode too), log and save it."""
+    modes = [cfg.eval_greedy] + ([not cfg.eval_greedy] if both else [])
+    for k, greedy in enumerate(modes):
+        key = tag if k == 0 else f"{tag}_{'greedy' if greedy else 'sampled'}"
+        evals[key], recs = run_eval(policy, cfg, episodes, key, greedy)
+        metrics.log({"kind": "eval", "iteration": state["iteration"], "episodes": state["episodes"], **evals[key]})
+        save_eval_outputs(recs, run_dir, key, cfg, policy.is_vision)
 
 
 def make_buffer(cfg: Config, total_steps: int):
@@ -488,9 +487,9 @@ def train(cfg: Config) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     print(f"run folder: {run_dir}\n{to_yaml(cfg)}")
-    time_budget = cfg.time_budget if (cfg.time_budget is not None or cfg.iterations is not None) else 330.0
+    time_budget = cfg.time_budget if (cfg.time_budget is not None or cfg.iterations is not None) else DEFAULT_TIME_BUDGET
     steps_per_iter = 1 + (cfg.replay_ratio if cfg.replay != "none" else 0)
-    expected_iters = cfg.iterations or int((time_budget or 330.0) / 0.8)
+    expected_iters = cfg.iterations or int((time_budget or DEFAULT_TIME_BUDGET) / 2.0)
     loss_cfg = LossConfig(loss=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                           tis_cap=cfg.tis_cap, sequence_ratio=cfg.sequence_ratio, kl_coef=cfg.kl_coef)
     metrics = MetricsLogger(run_dir, cfg.tensorboard, resume_iteration=None if resume_ckpt is None else
@@ -510,23 +509,20 @@ def train(cfg: Config) -> dict[str, Any]:
         else:
             model_path = Path(cfg.model)
         policy = Policy.from_pretrained(model_path, device=cfg.device)
-        warm_seconds = cfg.warmup_seconds if cfg.warmup_seconds is not None else (45.0 if cfg.model is None else 0.0)
+        warm_seconds = cfg.warmup_seconds if cfg.warmup_seconds is not None else (90.0 if cfg.model is None else 0.0)
+        start = {"iteration": 0, "episodes": 0}
         if warm_seconds > 0 and cfg.warmup_steps != 0:
-            evals["initial"], recs = run_eval(policy, cfg, cfg.initial_eval_episodes, run_dir, "initial")
-            metrics.log({"kind": "eval", "iteration": 0, "episodes": 0, **evals["initial"]})
-            save_eval_outputs(recs, run_dir, "initial", cfg, policy.is_vision)
+            evaluate_phase(policy, cfg, metrics, run_dir, "initial", cfg.initial_eval_episodes, start, evals, False)
             wstats = warmup(policy, cfg, warm_seconds)
             metrics.log({"kind": "warmup", "iteration": 0, "episodes": 0, **wstats})
             print(f"format warm-up: {wstats['warmup_steps']:.0f} steps in {wstats['warmup_seconds']:.0f} s, "
                   f"loss {wstats['warmup_loss_first']:.3f} -> {wstats['warmup_loss_last']:.3f}")
-        evals["baseline"], recs = run_eval(policy, cfg, cfg.initial_eval_episodes, run_dir, "baseline")
-        metrics.log({"kind": "eval", "iteration": 0, "episodes": 0, **evals["baseline"]})
-        save_eval_outputs(recs, run_dir, "baseline", cfg, policy.is_vision)
+        evaluate_phase(policy, cfg, metrics, run_dir, "baseline", cfg.final_eval_episodes, start, evals, cfg.eval_both)
         policy.save_pretrained(run_dir / "reference")  # the KL reference: the policy RL starts from
     else:
         policy = Policy.from_pretrained(resume_ckpt / "model", device=cfg.device)
         for row in read_metrics(run_dir / "metrics.jsonl"):
-            if row.get("kind") == "eval" and row.get("phase") in ("initial", "baseline"):
+            if row.get("kind") == "eval" and str(row.get("phase")).startswith(("initial", "baseline")):
                 evals[row["phase"]] = row
     ref = None
     if cfg.kl_coef != 0.0:
@@ -567,8 +563,9 @@ def train(cfg: Config) -> dict[str, Any]:
         write_checkpoint()  # iteration 0: the post-warm-up policy, so a resume never reruns the warm-up
 
     # -- the RL loop ---------------------------------------------------------------------------
-    bar = tqdm(total=cfg.iterations or int(time_budget), initial=state["iteration"] if cfg.iterations else int(state["rl_seconds"]),
-               unit="it" if cfg.iterations else "s", disable=not cfg.progress, dynamic_ncols=True)
+    by_iter = cfg.iterations is not None
+    bar = tqdm(total=cfg.iterations if by_iter else int(time_budget), initial=state["iteration"] if by_iter else int(state["rl_seconds"]),
+               unit="it" if by_iter else "s", disable=not cfg.progress, dynamic_ncols=True)
     loop_start = time.monotonic() - state["rl_seconds"]
     try:
         while (cfg.iterations is None or state["iteration"] < cfg.iterations) and \
@@ -641,7 +638,7 @@ def train(cfg: Config) -> dict[str, Any]:
             metrics.log(row)
             # 6. evaluate on held-out maps, checkpoint
             if cfg.eval_every and state["iteration"] % cfg.eval_every == 0:
-                ev, _ = run_eval(policy, cfg, cfg.eval_episodes, run_dir, f"iter_{state['iteration']}")
+                ev, _ = run_eval(policy, cfg, cfg.eval_episodes, f"iter_{state['iteration']}")
                 metrics.log({"kind": "eval", "iteration": state["iteration"], "episodes": state["episodes"], **ev})
                 bar.write(f"iter {state['iteration']}: held-out success {ev['success']:.2f} "
                           f"[{ev['success_ci_low']:.2f}, {ev['success_ci_high']:.2f}]")
@@ -649,16 +646,14 @@ def train(cfg: Config) -> dict[str, Any]:
                 write_checkpoint()
             bar.set_postfix(ret=f"{row['return_mean']:.2f}", succ=f"{row['success']:.2f}",
                             eps_s=f"{len(records) / max(t4 - t0, 1e-9):.0f}", tok_s=f"{row['tokens_per_s']:.0f}")
-            bar.update(1 if cfg.iterations else max(0, int(state["rl_seconds"]) - bar.n))
+            bar.update(1 if by_iter else max(0, int(state["rl_seconds"]) - bar.n))
     finally:
         bar.close()
     if not list_checkpoints(run_dir / "checkpoints") or list_checkpoints(run_dir / "checkpoints")[-1].name != f"iter_{state['iteration']:06d}":
         write_checkpoint()
 
     # -- final evaluation and summary ----------------------------------------------------------
-    evals["final"], recs = run_eval(policy, cfg, cfg.final_eval_episodes, run_dir, "final")
-    metrics.log({"kind": "eval", "iteration": state["iteration"], "episodes": state["episodes"], **evals["final"]})
-    save_eval_outputs(recs, run_dir, "final", cfg, policy.is_vision)
+    evaluate_phase(policy, cfg, metrics, run_dir, "final", cfg.final_eval_episodes, state, evals, cfg.eval_both)
     metrics.close()
     summary = summarize(evals, state, time.monotonic() - wall_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
@@ -672,13 +667,13 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
     """The final table: success with 95% CIs before and after RL, and the learning verdict."""
     names = {"initial": "initial (before warm-up)", "baseline": "start of RL (after warm-up)", "final": "final"}
     rows = []
-    for key in ("initial", "baseline", "final"):
-        if key in evals:
-            e = evals[key]
-            probe = e.get("probe_safe_rate", float("nan"))
-            rows.append([names[key], int(e["episodes_eval"]), f"{e['success']:.3f}",
-                         f"[{e['success_ci_low']:.3f}, {e['success_ci_high']:.3f}]", f"{e['return_mean']:.3f}",
-                         f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})"])
+    for key in sorted(evals, key=lambda k: (["initial", "baseline", "final"].index(k.split("_")[0]), k)):
+        e = evals[key]
+        label = names[key.split("_")[0]] + f", {e.get('decoding', '')}"
+        probe = e.get("probe_safe_rate", float("nan"))
+        rows.append([label, int(e["episodes_eval"]), f"{e['success']:.3f}",
+                     f"[{e['success_ci_low']:.3f}, {e['success_ci_high']:.3f}]", f"{e['return_mean']:.3f}",
+                     f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})"])
     table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "board probe (safe)"], rows)
     base, final = evals.get("baseline"), evals["final"]
     verdict = "no baseline evaluation"
@@ -687,7 +682,7 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
         a = (base["success_ci_low"], base["success_ci_high"])
         b = (final["success_ci_low"], final["success_ci_high"])
         learned = final["success"] > base["success"] and intervals_disjoint(a, b)
-        verdict = (f"final success {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
+        verdict = (f"{final.get('decoding', '')} success: final {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
                    f"{'do not overlap - learned' if learned else 'overlap or final is lower - no clear learning'}")
     text = (f"\n{table}\n\n{verdict}\n(board-blind references on FrozenLake 4x4: random Down/Right 0.39, best fixed "
             f"path 0.46; the probe is 0.5 for a board-blind policy)\n{state['iteration']} iterations, "
