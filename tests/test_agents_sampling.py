@@ -1,0 +1,88 @@
+"""The text sampler: shared prefixes, repeated prompts and finished rows change nothing but speed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from agents.policy import Policy  # noqa: E402
+from agents.record import Sample  # noqa: E402
+from agents.tiny import build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def text_policy(tmp_path_factory):
+    torch.set_num_threads(1)
+    return Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path_factory.mktemp("tiny-cache")))
+
+
+@pytest.fixture(scope="module")
+def eos_prone_policy(text_policy):
+    """The tiny model with an EOS logit bias, so rows finish at different steps."""
+    model = copy.deepcopy(text_policy.model)
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[text_policy.eos_token_id] = 5.5
+    model.lm_head = head
+    return Policy(model, text_policy.tokenizer, name="eos-prone")
+
+
+def _prompts(policy: Policy) -> list[list[int]]:
+    chat = policy.chat
+    a = chat.first_message("Reply with one move.\n\nP F\nH G")
+    b = chat.first_message("Reply with one move.\n\nP F F\nF H G\nF F G")
+    c = policy.tokenizer.encode("no chat prefix at all", add_special_tokens=False)
+    return [a, b, a, c, a, b[:5], b]  # repeats, a shared prefix for some, none for all
+
+
+def _check_logprobs(policy: Policy, prompts, gens) -> None:
+    samples = [Sample(list(p) + g.token_ids, [0] * len(p) + [1] * len(g.token_ids),
+                      [0.0] * len(p) + g.logprobs, []) for p, g in zip(prompts, gens)]
+    with torch.no_grad():
+        lp = policy.token_logprobs(samples)
+    for b, (p, g) in enumerate(zip(prompts, gens)):
+        got = lp[b, len(p): len(p) + len(g.token_ids)]
+        assert torch.allclose(got, torch.tensor(g.logprobs), atol=1e-4), (got - torch.tensor(g.logprobs)).abs().max()
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_sampled_logprobs_match_a_fresh_forward_with_uneven_rows(eos_prone_policy, greedy):
+    policy = eos_prone_policy
+    prompts = _prompts(policy)
+    torch.manual_seed(0)
+    gens = policy.generate(prompts * 3, max_new_tokens=10, greedy=greedy)
+    lengths = {len(g.token_ids) for g in gens}
+    assert len(lengths) > 1 or greedy  # rows finished at different steps
+    for g in gens:
+        assert g.finished == (g.token_ids[-1] == policy.eos_token_id)
+        assert policy.eos_token_id not in g.token_ids[:-1]
+    _check_logprobs(policy, prompts * 3, gens)
+
+
+def test_greedy_is_argmax_and_batching_changes_nothing(text_policy):
+    prompts = _prompts(text_policy)
+    together = text_policy.generate(prompts, max_new_tokens=6, greedy=True)
+    for p, g in zip(prompts, together):
+        alone = text_policy.generate([p], max_new_tokens=6, greedy=True)[0]
+        assert alone.token_ids == g.token_ids
+        assert torch.allclose(torch.tensor(alone.logprobs), torch.tensor(g.logprobs), atol=1e-5)
+        with torch.no_grad():
+            ids = torch.tensor([list(p) + g.token_ids])
+            logits = text_policy.model(input_ids=ids).logits[0, len(p) - 1: -1]
+        assert logits.argmax(-1).tolist() == g.token_ids
+
+
+def test_same_seed_same_samples(text_policy):
+    prompts = _prompts(text_policy)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append([(g.token_ids, g.logprobs) for g in text_policy.generate(prompts, max_new_tokens=6)])
+    assert runs[0] == runs[1]
+    assert len({tuple(ids) for ids, _ in runs[0]}) > 1
