@@ -10,6 +10,7 @@ fraction of the cost. Text models only; vision batches take the ordinary path.
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import numpy as np
@@ -53,7 +54,9 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     s_len = t_max - prefix
     head = torch.as_tensor(ids[0][:prefix], dtype=torch.long, device=device)[None]
     out = model(input_ids=head, use_cache=True)
-    cache = out.past_key_values
+    # transformers >= 5.2x names the KV cache `cache`; older versions `past_key_values`.
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = getattr(out, cache_arg)
     cache.batch_repeat_interleave(b)
     suffix = torch.full((b, s_len), policy.pad_token_id, dtype=torch.long)
     mask = torch.zeros((b, t_max), dtype=torch.long)
@@ -63,8 +66,8 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         mask[i, prefix : len(x)] = 1
     suffix, mask = suffix.to(device), mask.to(device)
     positions = torch.arange(prefix, t_max, device=device)
-    out2 = model(input_ids=suffix, attention_mask=mask, past_key_values=cache, cache_position=positions,
-                 position_ids=positions[None].expand(b, -1), use_cache=True)
+    out2 = model(input_ids=suffix, attention_mask=mask, cache_position=positions,
+                 position_ids=positions[None].expand(b, -1), use_cache=True, **{cache_arg: cache})
     logits = torch.cat([out.logits[:, -1:].expand(b, 1, -1), out2.logits[:, :-1]], dim=1).float() / temperature
     if policy.suppressed_ids:
         logits[..., policy.suppressed_ids] = float("-inf")
