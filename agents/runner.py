@@ -46,6 +46,16 @@ def parse_context(context: str) -> int | None:
     raise ValueError(f"context must be 'full' or 'window:k' with k >= 0, got {context!r}")
 
 
+def _batch_retrieval() -> Callable[[Sequence[Any], Sequence[str]], int] | None:
+    """``envs.search.batch_search`` where the search task imports: it sends every episode's
+    search query of a turn to the retriever in one call and skips envs of other tasks."""
+    try:
+        from envs.search import batch_search
+    except ImportError:
+        return None
+    return batch_search
+
+
 @dataclass
 class _Episode:
     """Mutable state of one running episode."""
@@ -100,6 +110,7 @@ class Runner:
         self.max_context_tokens = int(max_context_tokens)
         self.seed = int(seed)
         self._envs: list[Any] = []
+        self._batch_search = _batch_retrieval()
         self._calls = 0
         self._next_group = 0
         if self.group_size < 1:
@@ -213,9 +224,16 @@ class Runner:
                     )
                     replies = [(g.token_ids, g.logprobs, g.finished) for g in gens]
                     timers["generation_s"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                texts = [self.policy.reply_text(ids) for ids, _, _ in replies]
+                timers["tokenization_s"] += time.perf_counter() - t0
+                if self._batch_search is not None and batch:
+                    t0 = time.perf_counter()
+                    self._batch_search([ep.env for ep in batch], texts)  # one retriever call per turn
+                    timers["env_s"] += time.perf_counter() - t0
                 still = []
-                for ep, prompt, imgs, (ids, lps, closed) in zip(batch, prompts, prompt_imgs, replies):
-                    if self._step(ep, prompt, imgs, ids, lps, closed, timers):
+                for ep, prompt, imgs, text, (ids, lps, closed) in zip(batch, prompts, prompt_imgs, texts, replies):
+                    if self._step(ep, prompt, imgs, text, ids, lps, closed, timers):
                         still.append(ep)
                 bar.update(len(active) - len(still))
                 active = still
@@ -234,11 +252,10 @@ class Runner:
         render = chat.first_message if first else chat.next_message
         ep.user_ids.append(render(ep.obs["text"], imgs))
 
-    def _step(self, ep: _Episode, prompt: list[int], imgs: list[int], ids: list[int], lps: list[float],
-              closed: bool, timers: dict[str, float]) -> bool:
-        """Apply one reply; return True while the episode goes on."""
+    def _step(self, ep: _Episode, prompt: list[int], imgs: list[int], reply: str, ids: list[int],
+              lps: list[float], closed: bool, timers: dict[str, float]) -> bool:
+        """Apply one reply (its text and sampled ids); return True while the episode goes on."""
         t0 = time.perf_counter()
-        reply = self.policy.reply_text(ids)
         t = len(ep.turns)
         ep.reply_ids.append(list(ids))
         ep.reply_lps.append(list(lps))

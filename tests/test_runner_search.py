@@ -1,0 +1,88 @@
+"""Runner on the search task: a retriever that is down fails episodes cleanly; queries are batched."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from agents.policy import Policy  # noqa: E402
+from agents.runner import Runner  # noqa: E402
+from agents.tiny import build_tiny_model  # noqa: E402
+
+SEARCH = "freshper/SearchQA-v0"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Generated corpora, indices and the tiny model stay out of the working tree."""
+    mp = pytest.MonkeyPatch()
+    root = tmp_path_factory.mktemp("freshper-cache")
+    mp.setenv("FRESHPER_CACHE", str(root))
+    yield root
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def text_policy(search_cache):
+    torch.set_num_threads(1)
+    return Policy.from_pretrained(build_tiny_model("text", cache_dir=search_cache))
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _search_reply(obs, info, env) -> str:
+    return "Let me look it up. <search>capital city</search>"
+
+
+def test_unreachable_retriever_fails_episodes_with_zero_advantage(text_policy):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    runner = Runner(text_policy, SEARCH, group_size=2, max_new_tokens=8,
+                    env_kwargs={"retrieval_url": url, "retrieval_timeout": 0.5, "retrieval_retries": 0})
+    try:
+        records, stats = runner.collect([0, 1], policy_version=3, reply_fn=_search_reply)
+    finally:
+        runner.close()
+    assert len(records) == 4 and stats["failed"] == 4
+    for rec in records:
+        assert rec.failed and rec.advantage == 0.0
+        assert rec.num_turns == 1 and rec.info["end_reason"] == "failed"
+        assert rec.policy_version == 3
+
+
+class _CountingRetriever:
+    """Wraps a retriever and records the query batches it is asked for."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[list[str]] = []
+
+    def search(self, queries, topk):
+        self.calls.append(list(queries))
+        return self.inner.search(queries, topk)
+
+
+def test_each_turn_sends_all_episodes_queries_in_one_retriever_call(text_policy):
+    from envs.search import SearchQAEnv
+
+    counting = _CountingRetriever(SearchQAEnv().retriever)
+    runner = Runner(text_policy, SEARCH, group_size=3, max_new_tokens=8,
+                    env_kwargs={"retriever": counting, "max_searches": 2, "max_turns": 3})
+    try:
+        records, stats = runner.collect([0, 1], policy_version=0, reply_fn=_search_reply)
+    finally:
+        runner.close()
+    assert stats["failed"] == 0
+    assert all(r.num_turns == 3 for r in records)
+    # Two searching turns (the third is over the search limit): one call each, with every
+    # episode's query (deduplicated: all six episodes ask the same thing).
+    assert counting.calls == [["capital city"], ["capital city"]]
