@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _SENT = "QZXQSENTINELQZXQ"
 _SENT2 = "QZXQSECONDQZXQ"
+_MAX_CACHED_MESSAGES = 4096
 
 
 class ChatRenderer:
@@ -44,6 +45,9 @@ class ChatRenderer:
         self._owner = owner
         self.image_token = "<|image_pad|>"
         self._num_image_tokens: dict[tuple[int, int], int] = {}
+        # Rendered message -> ids. Episodes of a group (and a window:0 episode that stands still)
+        # render the same messages over and over; the tokenizer is deterministic, so this is exact.
+        self._ids: dict[str, tuple[int, ...]] = {}
         eos = self.tokenizer.convert_ids_to_tokens(policy.eos_token_id)
         # First message: prefix + text + suffix (with the generation prompt).
         first = self._render([self._user(_SENT)], True)
@@ -110,7 +114,12 @@ class ChatRenderer:
             rendered = chunks[0] + "".join(
                 self.image_token * self.num_image_tokens(im) + chunk for im, chunk in zip(images, chunks[1:])
             )
-        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+        ids = self._ids.get(rendered)
+        if ids is None:
+            if len(self._ids) >= _MAX_CACHED_MESSAGES:
+                self._ids.clear()
+            ids = self._ids[rendered] = tuple(self.tokenizer.encode(rendered, add_special_tokens=False))
+        return list(ids)
 
     def first_message(self, text: str, images: Sequence[np.ndarray] = ()) -> list[int]:
         """Ids of a conversation's first user message plus the assistant generation prompt."""
