@@ -30,6 +30,7 @@ import torch
 
 from agents.chat import ChatRenderer
 from agents.record import Sample
+from agents.sampling import TurnKVCache, sample_text
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +260,7 @@ class Policy:
         max_new_tokens: int = 32,
         temperature: float = 1.0,
         greedy: bool = False,
+        turn_cache: TurnKVCache | None = None,
     ) -> list[Generation]:
         """One batched, KV-cached generation over left-padded prompts.
 
@@ -270,7 +272,8 @@ class Policy:
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
         if not self.is_vision:
-            return self._sample_text(prompts, max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
+            return sample_text(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                               greedy=greedy, turn_cache=turn_cache)
         return self._generate_hf(prompts, images, max_new_tokens=max_new_tokens, temperature=temperature,
                                  greedy=greedy)
 
@@ -280,92 +283,6 @@ class Policy:
         if self.suppressed_ids:
             logits[:, self.suppressed_ids] = float("-inf")
         return torch.log_softmax(logits, dim=-1)
-
-    @torch.inference_mode()
-    def _sample_text(
-        self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float, greedy: bool
-    ) -> list[Generation]:
-        """The text-model sampler: a hand-written KV-cached loop (no HF ``generate`` overhead).
-
-        The prompts' common prefix (the task instructions) is prefilled once and its cache
-        repeated; identical prompts (a GRPO group's first turn) are prefilled once and their
-        cache rows repeated. The rest is left-padded after the prefix, with an attention mask
-        and position ids that make every row compute what it would alone. Each step samples
-        from ``log_softmax(logits / T)`` in fp32 (argmax when ``greedy``) and records the
-        chosen token's log-prob; finished rows leave the batch.
-        """
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be non-empty")
-        device = self.device
-        unique: dict[tuple[int, ...], int] = {}
-        inverse = [unique.setdefault(tuple(int(t) for t in p), len(unique)) for p in prompts]
-        rows = list(unique)
-        shared = _common_prefix_len(rows, limit=min(len(r) for r in rows) - 1)
-        width = max(len(r) for r in rows) - shared
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
-        mask[:, :shared] = 1
-        for u, r in enumerate(rows):
-            ids[u, width - (len(r) - shared):] = torch.as_tensor(r[shared:], dtype=torch.long)
-            mask[u, shared + width - (len(r) - shared):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            cache = None
-            if shared:
-                prefix = torch.as_tensor(rows[0][:shared], dtype=torch.long, device=device)[None]
-                cache = self._cache_of(self.model(input_ids=prefix, use_cache=True, logits_to_keep=1))
-                cache.batch_repeat_interleave(len(rows))
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions[:, shared:],
-                             use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
-            cache = self._cache_of(out)
-            index = torch.as_tensor(inverse, dtype=torch.long, device=device)
-            if len(rows) < len(prompts):
-                cache.reorder_cache(index)
-            logits = out.logits[index, -1]
-            mask = mask[index]
-            position = mask.sum(-1)  # next token's position
-            n = len(prompts)
-            tokens = torch.full((n, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
-            lps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-            lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
-            row = torch.arange(n, device=device)  # batch row -> prompt index
-            for step in range(max_new_tokens):
-                logp = self._sampling_logprobs(logits, temperature)
-                if greedy:
-                    tok = logp.argmax(-1)
-                else:
-                    tok = torch.multinomial(logp.exp(), 1).squeeze(-1)
-                tokens[row, step] = tok
-                lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)
-                done = tok == self.eos_token_id
-                if step + 1 == max_new_tokens:
-                    lengths[row[done]] = step + 1
-                    break
-                if bool(done.any()):
-                    lengths[row[done]] = step + 1
-                    keep = (~done).nonzero().squeeze(-1)
-                    if keep.numel() == 0:
-                        break
-                    cache.reorder_cache(keep)
-                    row, tok, mask, position = row[keep], tok[keep], mask[keep], position[keep]
-                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-                logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=position[:, None],
-                                    use_cache=True, **{self._cache_arg: cache}).logits[:, -1]
-                position = position + 1
-        finally:
-            self.model.train(was_training)
-        tokens, lps, lengths = tokens.cpu().tolist(), lps.cpu().tolist(), lengths.cpu().tolist()
-        return [
-            Generation(t[:k], lp[:k], t[k - 1] == self.eos_token_id) for t, lp, k in zip(tokens, lps, lengths)
-        ]
-
-    @staticmethod
-    def _cache_of(output):
-        cache = getattr(output, "cache", None)
-        return cache if cache is not None else output.past_key_values
 
     def _generate_hf(
         self,
@@ -429,14 +346,3 @@ class Policy:
                 results.append(Generation(row, lp, False))
         return results
 
-
-def _common_prefix_len(rows: Sequence[Sequence[int]], limit: int) -> int:
-    """Length of the longest common prefix of ``rows``, at most ``limit``."""
-    first = rows[0]
-    n = max(0, limit)
-    for r in rows[1:]:
-        k = 0
-        while k < n and r[k] == first[k]:
-            k += 1
-        n = k
-    return n

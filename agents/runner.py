@@ -26,6 +26,7 @@ import torch
 
 from agents.policy import Policy
 from agents.record import Sample, Trajectory, Turn, assign_group_advantages
+from agents.sampling import TurnKVCache
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,8 @@ class Runner:
 
         bar = tqdm(total=n, desc=f"collect {self.env_id}", unit="ep", disable=not progress, leave=False)
         active = list(episodes)
+        # full context: each turn's prompt extends the last one plus its reply; reuse their KV.
+        turn_cache = TurnKVCache() if self.window is None and reply_fn is None else None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed * 1_000_003 + self._calls)
             self._calls += 1
@@ -221,6 +224,7 @@ class Runner:
                         max_new_tokens=self.max_new_tokens,
                         temperature=self.temperature,
                         greedy=greedy,
+                        turn_cache=turn_cache,
                     )
                     replies = [(g.token_ids, g.logprobs, g.finished) for g in gens]
                     timers["generation_s"] += time.perf_counter() - t0

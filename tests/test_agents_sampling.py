@@ -86,3 +86,28 @@ def test_same_seed_same_samples(text_policy):
         runs.append([(g.token_ids, g.logprobs) for g in text_policy.generate(prompts, max_new_tokens=6)])
     assert runs[0] == runs[1]
     assert len({tuple(ids) for ids, _ in runs[0]}) > 1
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_turn_cache_reuses_earlier_turns_without_changing_samples(eos_prone_policy, greedy):
+    """A full-context turn that extends the last prompt + reply reuses its KV; same samples."""
+    from agents.sampling import TurnKVCache
+
+    policy = eos_prone_policy
+    prompts = _prompts(policy) * 2
+    turn_cache = TurnKVCache()
+    torch.manual_seed(1)
+    first = policy.generate(prompts, max_new_tokens=8, greedy=greedy, turn_cache=turn_cache)
+    follow = policy.chat.next_message("P F\nF G")
+    nexts = [list(p) + g.token_ids + ([] if g.finished else [policy.eos_token_id]) + follow
+             for p, g in zip(prompts, first)]
+    assert all(turn_cache.lookup(tuple(p))[0] == len(p0) + len(g.token_ids) - 1
+               for p, p0, g in zip(nexts, prompts, first))
+    torch.manual_seed(2)
+    reused = policy.generate(nexts, max_new_tokens=8, greedy=greedy, turn_cache=turn_cache)
+    torch.manual_seed(2)
+    fresh = policy.generate(nexts, max_new_tokens=8, greedy=greedy)
+    for a, b in zip(reused, fresh):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    _check_logprobs(policy, nexts, reused)

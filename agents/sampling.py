@@ -1,0 +1,197 @@
+"""The text-model sampler: a hand-written, batched, KV-cached loop (no HF ``generate``).
+
+Per call: one prefill over the left-padded prompts with an attention mask and position ids,
+then one forward per new token with the KV cache; each step samples from
+``log_softmax(logits / T)`` in fp32 (argmax when greedy) and records the chosen token's
+log-prob. Work that would be repeated is done once:
+
+- identical prompts (a GRPO group's first turn) are prefilled once, their cache rows repeated;
+- the prompts' common prefix (the task instructions) is prefilled once, its cache repeated;
+- with a :class:`TurnKVCache` (``full`` context), a prompt that extends an earlier prompt plus
+  its reply reuses that KV, so a turn prefills only its new tokens.
+
+Every row computes what it would compute alone (masked padding between the reused prefix and
+the new tokens, positions counted over real tokens only), so the behaviour log-probs match a
+fresh forward over the record (fp32, ~1e-6); finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from agents.policy import Generation, Policy
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [heads, tokens, dim]
+
+
+class TurnKVCache:
+    """KV of each sequence of the latest call (prompt + reply minus its last token), by token ids.
+
+    Scope one to a single collect: it is only valid for the weights it was computed with.
+    Only the latest call's sequences are kept (a full-context episode needs only its own last
+    turn), which bounds memory to one batch.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, ...], KV] = {}
+        self._lengths: list[int] = []
+        self._next: dict[tuple[int, ...], KV] = {}
+
+    def lookup(self, row: tuple[int, ...]) -> tuple[int, KV | None]:
+        """Longest stored sequence that is a proper prefix of ``row``: (its length, its KV)."""
+        for n in self._lengths:
+            if n < len(row):
+                kv = self._entries.get(row[:n])
+                if kv is not None:
+                    return n, kv
+        return 0, None
+
+    def store(self, ids: tuple[int, ...], kv: KV) -> None:
+        self._next[ids] = kv
+
+    def finish_call(self) -> None:
+        self._entries, self._next = self._next, {}
+        self._lengths = sorted({len(k) for k in self._entries}, reverse=True)
+
+
+def _common_prefix_len(rows: Sequence[Sequence[int]], limit: int) -> int:
+    """Length of the longest common prefix of ``rows``, at most ``limit``."""
+    first = rows[0]
+    n = max(0, limit)
+    for r in rows[1:]:
+        k = 0
+        while k < n and r[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def _cache_of(output):
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def _plain_layers(cache) -> list | None:
+    """The cache's layers when each is a plain growing (non-sliding) layer, else None."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    return layers
+
+
+@torch.inference_mode()
+def sample_text(
+    policy: "Policy",
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    greedy: bool,
+    turn_cache: TurnKVCache | None = None,
+) -> list["Generation"]:
+    """Sample a reply for every prompt (see the module docstring); rows stop at EOS (kept)."""
+    from transformers import DynamicCache
+
+    from agents.policy import Generation
+
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be non-empty")
+    model, device = policy.model, policy.device
+    cache_arg = policy._cache_arg
+    unique: dict[tuple[int, ...], int] = {}
+    inverse = [unique.setdefault(tuple(int(t) for t in p), len(unique)) for p in prompts]
+    rows = list(unique)
+    reused = [turn_cache.lookup(r) for r in rows] if turn_cache is not None else []
+    cache = None
+    if any(n for n, _ in reused):
+        # Earlier turns' KV, each row's right-aligned in a [U, heads, region, dim] block.
+        starts = [n for n, _ in reused]
+        region = max(starts)
+        cache = DynamicCache(config=model.config)
+        some = next(kv for _, kv in reused if kv is not None)
+        for layer, (k0, v0) in enumerate(some):
+            keys = k0.new_zeros((len(rows), k0.shape[0], region, k0.shape[2]))
+            values = v0.new_zeros((len(rows), v0.shape[0], region, v0.shape[2]))
+            for u, (n, kv) in enumerate(reused):
+                if n:
+                    keys[u, :, region - n:] = kv[layer][0]
+                    values[u, :, region - n:] = kv[layer][1]
+            cache.update(keys, values, layer)
+    else:
+        region = _common_prefix_len(rows, limit=min(len(r) for r in rows) - 1)
+        starts = [region] * len(rows)
+    width = max(len(r) - s for r, s in zip(rows, starts))
+    ids = torch.full((len(rows), width), policy.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), region + width), dtype=torch.long)
+    for u, (r, s) in enumerate(zip(rows, starts)):
+        mask[u, region - s: region] = 1
+        ids[u, width - (len(r) - s):] = torch.as_tensor(r[s:], dtype=torch.long)
+        mask[u, region + width - (len(r) - s):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    n = len(prompts)
+    tokens = torch.full((n, max_new_tokens), policy.pad_token_id, dtype=torch.long, device=device)
+    lps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        if cache is None and region:
+            prefix = torch.as_tensor(rows[0][:region], dtype=torch.long, device=device)[None]
+            cache = _cache_of(model(input_ids=prefix, use_cache=True, logits_to_keep=1))
+            cache.batch_repeat_interleave(len(rows))
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions[:, region:],
+                    use_cache=True, logits_to_keep=1, **{cache_arg: cache})
+        cache = _cache_of(out)
+        index = torch.as_tensor(inverse, dtype=torch.long, device=device)
+        if len(rows) < n:
+            cache.reorder_cache(index)
+        logits = out.logits[index, -1]
+        mask = mask[index]
+        position = mask.sum(-1)  # next token's position
+        row = torch.arange(n, device=device)  # batch row -> prompt index
+        layers = _plain_layers(cache) if turn_cache is not None else None
+
+        def keep_kv(which: torch.Tensor, step: int) -> None:
+            """Store the KV of finished rows ``which`` (prompt + reply but its last token)."""
+            if layers is None:
+                return
+            for b in which.tolist():
+                p = int(row[b])
+                valid = mask[b].nonzero().squeeze(-1)
+                kv = [(layer.keys[b][:, valid].clone(), layer.values[b][:, valid].clone()) for layer in layers]
+                turn_cache.store(rows[inverse[p]] + tuple(tokens[p, :step].tolist()), kv)
+
+        for step in range(max_new_tokens):
+            logp = policy._sampling_logprobs(logits, temperature)
+            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
+            tokens[row, step] = tok
+            lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)
+            done = tok == policy.eos_token_id
+            if step + 1 == max_new_tokens:
+                lengths[row[done]] = step + 1
+                keep_kv(torch.arange(len(row), device=device), step)
+                break
+            if bool(done.any()):
+                lengths[row[done]] = step + 1
+                keep_kv(done.nonzero().squeeze(-1), step)
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                cache.reorder_cache(keep)
+                row, tok, mask, position = row[keep], tok[keep], mask[keep], position[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=position[:, None],
+                           use_cache=True, **{cache_arg: cache}).logits[:, -1]
+            position = position + 1
+    finally:
+        model.train(was_training)
+        if turn_cache is not None:
+            turn_cache.finish_call()
+    tokens, lps, lengths = tokens.cpu().tolist(), lps.cpu().tolist(), lengths.cpu().tolist()
+    return [Generation(t[:k], lp[:k], t[k - 1] == policy.eos_token_id) for t, lp, k in zip(tokens, lps, lengths)]
