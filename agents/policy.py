@@ -6,8 +6,10 @@ learner need, and keeps them consistent with each other:
 
 - rendering: a chat message to token ids, *only the new message* (see :mod:`agents.chat`), with
   images expanded to their pad tokens by the processor;
-- sampling: one batched, KV-cached ``generate`` over left-padded prompts, returning the sampled
-  ids and their log-probs ``log_softmax(logits / T)`` taken at sampling time;
+- sampling: one batched, KV-cached generation over left-padded prompts, returning the sampled
+  ids and their log-probs ``log_softmax(logits / T)`` taken at sampling time (text models: the
+  hand-written loop of :mod:`agents.sampling`; vision models: HF ``generate``, which handles
+  Qwen2-VL's image inputs and multimodal rope);
 - scoring: :meth:`Policy.token_logprobs` recomputes those log-probs (differentiably) over
   right-padded records, so the learner's ratios start at exactly 1 for fresh data.
 
@@ -266,6 +268,8 @@ class Policy:
 
         Stops each row at ``<|im_end|>`` (kept) or ``max_new_tokens``. Log-probs are
         ``log_softmax(logits / temperature)`` of the chosen tokens, also when ``greedy``.
+        ``turn_cache`` (text models; one per collect) lets a prompt that extends an earlier
+        prompt + reply reuse its KV (full-context episodes); vision models ignore it.
         """
         if not prompts:
             return []

@@ -1,4 +1,4 @@
-"""The batched rollout runner: B tasks x G rollouts, one batched generate per turn.
+"""The batched rollout runner: B tasks x G rollouts, one batched generation per turn.
 
 Each episode keeps its token view as pieces that are only ever appended to: the ids of each
 user message rendered alone (:mod:`agents.chat`) and the ids the model sampled. A prompt is a
