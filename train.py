@@ -15,12 +15,9 @@ applied) -> periodic evaluation on held-out maps. Outputs go to ``runs/<run_name
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -33,12 +30,12 @@ import numpy as np
 import torch
 import yaml
 
+from learner.cli import dataclass_parser, field_docs, replace_checked
 from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resume, rng_state, save_checkpoint,
                                 set_rng_state, verify_checkpoint)
 from learner.loss import LossConfig, grpo_loss, ratio_stats, token_ratios
 from learner.prefix import sampled_logprobs
-from learner.report import (MetricsLogger, board_probe, format_table, intervals_disjoint, plot_curves, read_metrics,
-                            wilson_interval)
+from learner.report import MetricsLogger, board_probe, plot_curves, read_metrics, summarize
 
 logger = logging.getLogger("train")
 
@@ -180,54 +177,15 @@ class Config:
     """GIFs of evaluation episodes to save for image tasks"""
 
 
-# -- config: CLI and YAML --------------------------------------------------------------------
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field (as CleanRL/tyro use them for --help)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
-    return docs
-
-
-def _parse_value(kind: str, text: str) -> Any:
-    if text.lower() in ("none", "null") and "None" in kind:
-        return None
-    if kind.startswith("dict"):
-        return json.loads(text)
-    base = kind.replace(" | None", "")
-    return {"int": int, "float": float, "str": str}[base](text)
-
-
+# -- config: CLI and YAML (the generic part is learner/cli.py) ---------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file of config values (flags given here override it)")
-    docs = field_docs(Config)
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        kind = str(f.type)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
-        if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        else:
-            parser.add_argument(flag, type=lambda s, k=kind: _parse_value(k, s), default=argparse.SUPPRESS,
-                                metavar=kind.replace(" | None", "").upper(), help=help_text)
-    return parser
+    """``--config`` plus one documented flag per Config field."""
+    return dataclass_parser(Config, description=__doc__)
 
 
 def config_from_dict(values: dict[str, Any], base: Config | None = None) -> Config:
     """A Config with ``values`` applied over ``base``; unknown keys are a clear error."""
-    names = {f.name for f in dataclasses.fields(Config)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        import difflib
-
-        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, names, 1)) else k for k in unknown]
-        raise ValueError(f"unknown config keys: {', '.join(hints)}")
-    return dataclasses.replace(base or Config(), **values)
+    return replace_checked(base or Config(), values)
 
 
 def parse_config(argv: Sequence[str] | None = None) -> Config:
@@ -661,34 +619,6 @@ def train(cfg: Config) -> dict[str, Any]:
     plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", title=summary["verdict"])
     print(summary["text"])
     return summary
-
-
-def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: float) -> dict[str, Any]:
-    """The final table: success with 95% CIs before and after RL, and the learning verdict."""
-    names = {"initial": "initial (before warm-up)", "baseline": "start of RL (after warm-up)", "final": "final"}
-    rows = []
-    for key in sorted(evals, key=lambda k: (["initial", "baseline", "final"].index(k.split("_")[0]), k)):
-        e = evals[key]
-        label = names[key.split("_")[0]] + f", {e.get('decoding', '')}"
-        probe = e.get("probe_safe_rate", float("nan"))
-        rows.append([label, int(e["episodes_eval"]), f"{e['success']:.3f}",
-                     f"[{e['success_ci_low']:.3f}, {e['success_ci_high']:.3f}]", f"{e['return_mean']:.3f}",
-                     f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})"])
-    table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "board probe (safe)"], rows)
-    base, final = evals.get("baseline"), evals["final"]
-    verdict = "no baseline evaluation"
-    learned = False
-    if base is not None:
-        a = (base["success_ci_low"], base["success_ci_high"])
-        b = (final["success_ci_low"], final["success_ci_high"])
-        learned = final["success"] > base["success"] and intervals_disjoint(a, b)
-        verdict = (f"{final.get('decoding', '')} success: final {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
-                   f"{'do not overlap - learned' if learned else 'overlap or final is lower - no clear learning'}")
-    text = (f"\n{table}\n\n{verdict}\n(board-blind references on FrozenLake 4x4: random Down/Right 0.39, best fixed "
-            f"path 0.46; the probe is 0.5 for a board-blind policy)\n{state['iteration']} iterations, "
-            f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s")
-    return {"evals": evals, "learned": learned, "verdict": verdict, "text": text, "wall_seconds": wall,
-            "iterations": state["iteration"], "episodes": state["episodes"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,7 +31,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_iteration is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path)
-                    if r.get("iteration", 0) <= resume_iteration and r.get("phase") != "final"]
+                    if r.get("iteration", 0) <= resume_iteration and not str(r.get("phase", "")).startswith("final")]
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
             os.replace(tmp, self.path)
@@ -218,3 +218,31 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+
+
+def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The final table: success with 95% CIs before and after RL, and the learning verdict."""
+    names = {"initial": "initial (before warm-up)", "baseline": "start of RL (after warm-up)", "final": "final"}
+    rows = []
+    for key in sorted(evals, key=lambda k: (["initial", "baseline", "final"].index(k.split("_")[0]), k)):
+        e = evals[key]
+        label = names[key.split("_")[0]] + f", {e.get('decoding', '')}"
+        probe = e.get("probe_safe_rate", float("nan"))
+        rows.append([label, int(e["episodes_eval"]), f"{e['success']:.3f}",
+                     f"[{e['success_ci_low']:.3f}, {e['success_ci_high']:.3f}]", f"{e['return_mean']:.3f}",
+                     f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})"])
+    table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "board probe (safe)"], rows)
+    base, final = evals.get("baseline"), evals["final"]
+    verdict = "no baseline evaluation"
+    learned = False
+    if base is not None:
+        a = (base["success_ci_low"], base["success_ci_high"])
+        b = (final["success_ci_low"], final["success_ci_high"])
+        learned = final["success"] > base["success"] and intervals_disjoint(a, b)
+        verdict = (f"{final.get('decoding', '')} success: final {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
+                   f"{'do not overlap - learned' if learned else 'overlap or final is lower - no clear learning'}")
+    text = (f"\n{table}\n\n{verdict}\n(board-blind references on FrozenLake 4x4: random Down/Right 0.39, best fixed "
+            f"path 0.46; the probe is 0.5 for a board-blind policy)\n{state['iteration']} iterations, "
+            f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s")
+    return {"evals": evals, "learned": learned, "verdict": verdict, "text": text, "wall_seconds": wall,
+            "iterations": state["iteration"], "episodes": state["episodes"]}

@@ -1,0 +1,64 @@
+"""A dataclass becomes a command line: one flag per field, its help the docstring under the
+field (as CleanRL does with tyro), ``--config FILE.yaml`` for experiment files, and errors that
+name the nearest valid key."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import inspect
+import json
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal under each field of a dataclass, by field name."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[union-attr]
+    return docs
+
+
+def parse_value(kind: str, text: str) -> Any:
+    """A flag's text as the field's type (``int``, ``float``, ``str``, ``dict`` as JSON, ``X | None``)."""
+    if text.lower() in ("none", "null") and "None" in kind:
+        return None
+    if kind.startswith("dict"):
+        return json.loads(text)
+    base = kind.replace(" | None", "")
+    return {"int": int, "float": float, "str": str}[base](text)
+
+
+def dataclass_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:
+    """``--config`` plus ``--field-name`` per field; unset flags are absent from the result."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file of config values (flags given here override it)")
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        if kind == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            parser.add_argument(flag, type=lambda s, k=kind: parse_value(k, s), default=argparse.SUPPRESS,
+                                metavar=kind.replace(" | None", "").upper(), help=help_text)
+    return parser
+
+
+def replace_checked(base: T, values: dict[str, Any]) -> T:
+    """``dataclasses.replace`` that rejects unknown keys with a did-you-mean hint."""
+    names = {f.name for f in dataclasses.fields(base)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - names)
+    if unknown:
+        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, names, 1)) else k for k in unknown]
+        raise ValueError(f"unknown config keys: {', '.join(hints)}")
+    return dataclasses.replace(base, **values)  # type: ignore[type-var]
