@@ -174,12 +174,12 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
     ax.legend(fontsize=8)
     ax = axes[0, 1]
     ax.plot(x, [r.get("success", float("nan")) for r in train], alpha=0.6, label="train success (sampled)")
-    if evals:
-        ex = [r["episodes"] for r in evals]
-        ey = [r["success"] for r in evals]
-        lo = [r["success"] - r.get("success_ci_low", r["success"]) for r in evals]
-        hi = [r.get("success_ci_high", r["success"]) - r["success"] for r in evals]
-        ax.errorbar(ex, ey, yerr=[lo, hi], fmt="o-", capsize=3, color="C3", label="held-out eval (95% CI)")
+    for k, decoding in enumerate(sorted({r.get("decoding", "") for r in evals}, reverse=True)):
+        pts = [r for r in evals if r.get("decoding", "") == decoding]
+        lo = [r["success"] - r.get("success_ci_low", r["success"]) for r in pts]
+        hi = [r.get("success_ci_high", r["success"]) - r["success"] for r in pts]
+        ax.errorbar([r["episodes"] for r in pts], [r["success"] for r in pts], yerr=[lo, hi], fmt="o-" if k == 0 else "s--",
+                    capsize=3, color=("C3", "C2", "C4")[k % 3], label=f"held-out eval, {decoding or 'eval'} (95% CI)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("success rate")
     ax.legend(fontsize=8)
@@ -189,7 +189,7 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
         pts = [(r["episodes"], r[k]) for r in train if k in r]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=k, alpha=0.8)
     ax.set_ylim(-0.02, 1.05)
-    ax.set_title("IS effective sample size / n (replay updates, by age)")
+    ax.set_title("IS effective sample size / n, by age (age 0: on-policy, 1)")
     if keys:
         ax.legend(fontsize=7)
     ax = axes[1, 1]
