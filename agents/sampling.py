@@ -74,12 +74,60 @@ def _cache_of(output):
     return cache if cache is not None else output.past_key_values
 
 
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # older transformers: plain DynamicCache, no turn cache
+    DynamicLayer = None
+
+
+if DynamicLayer is not None:
+
+    class _RoomyLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose keys/values are views of a buffer with spare room, so a new
+        token is one slice write instead of a ``torch.cat`` of the whole cache (bit-identical
+        attention; measured 12 -> 10 ms per 64-row decode step at 100 tokens, 32 -> 18 at 400).
+        Methods that replace ``keys`` (reorder, repeat) are noticed and the buffer rebuilt."""
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self._kbuf = self._vbuf = None
+            n = self.keys.shape[-2] if self.keys.numel() else 0
+            m = n + key_states.shape[-2]
+            buf = self._kbuf
+            if (buf is None or self.keys.data_ptr() != buf.data_ptr() or self.keys.shape[0] != buf.shape[0]
+                    or m > buf.shape[-2]):
+                room = m + max(64, m // 2)
+                self._kbuf = key_states.new_empty(key_states.shape[:2] + (room, key_states.shape[-1]))
+                self._vbuf = value_states.new_empty(value_states.shape[:2] + (room, value_states.shape[-1]))
+                if n:
+                    self._kbuf[:, :, :n] = self.keys
+                    self._vbuf[:, :, :n] = self.values
+            self._kbuf[:, :, n:m] = key_states
+            self._vbuf[:, :, n:m] = value_states
+            self.keys, self.values = self._kbuf[:, :, :m], self._vbuf[:, :, :m]
+            return self.keys, self.values
+
+    _PLAIN_LAYERS: tuple[type, ...] = (DynamicLayer, _RoomyLayer)
+else:
+    _PLAIN_LAYERS = ()
+
+
+def _new_cache(model):
+    """An empty ``DynamicCache`` for ``model``, with roomy layers where its layers are plain."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    layers = getattr(cache, "layers", None)
+    if layers and all(type(layer) is DynamicLayer for layer in layers):
+        cache.layers = [_RoomyLayer() for _ in layers]
+    return cache
+
+
 def _plain_layers(cache) -> list | None:
     """The cache's layers when each is a plain growing (non-sliding) layer, else None."""
-    from transformers.cache_utils import DynamicLayer
-
     layers = getattr(cache, "layers", None)
-    if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
+    if layers is None or any(type(layer) not in _PLAIN_LAYERS for layer in layers):
         return None
     return layers
 
@@ -95,8 +143,6 @@ def sample_text(
     turn_cache: TurnKVCache | None = None,
 ) -> list["Generation"]:
     """Sample a reply for every prompt (see the module docstring); rows stop at EOS (kept)."""
-    from transformers import DynamicCache
-
     from agents.policy import Generation
 
     if any(len(p) == 0 for p in prompts):
@@ -112,7 +158,7 @@ def sample_text(
         # Earlier turns' KV, each row's right-aligned in a [U, heads, region, dim] block.
         starts = [n for n, _ in reused]
         region = max(starts)
-        cache = DynamicCache(config=model.config)
+        cache = _new_cache(model)
         some = next(kv for _, kv in reused if kv is not None)
         for layer, (k0, v0) in enumerate(some):
             keys = k0.new_zeros((len(rows), k0.shape[0], region, k0.shape[2]))
@@ -141,10 +187,12 @@ def sample_text(
     was_training = model.training
     model.eval()
     try:
-        if cache is None and region:
-            prefix = torch.as_tensor(rows[0][:region], dtype=torch.long, device=device)[None]
-            cache = _cache_of(model(input_ids=prefix, use_cache=True, logits_to_keep=1))
-            cache.batch_repeat_interleave(len(rows))
+        if cache is None:
+            cache = _new_cache(model)
+            if region:
+                prefix = torch.as_tensor(rows[0][:region], dtype=torch.long, device=device)[None]
+                model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{cache_arg: cache})
+                cache.batch_repeat_interleave(len(rows))
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions[:, region:],
                     use_cache=True, logits_to_keep=1, **{cache_arg: cache})
         cache = _cache_of(out)
