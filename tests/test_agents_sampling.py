@@ -111,3 +111,12 @@ def test_turn_cache_reuses_earlier_turns_without_changing_samples(eos_prone_poli
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
     _check_logprobs(policy, nexts, reused)
+
+
+def test_long_replies_outgrow_the_cache_buffer_exactly(text_policy):
+    """Replies longer than the KV buffer's spare room (64 tokens) move it without changing a value."""
+    prompts = _prompts(text_policy)[:3]
+    torch.manual_seed(3)
+    gens = text_policy.generate(prompts, max_new_tokens=150)
+    assert max(len(g.token_ids) for g in gens) > 130
+    _check_logprobs(text_policy, prompts, gens)
