@@ -430,7 +430,6 @@ def train(cfg: Config) -> dict[str, Any]:
 
     validate(cfg)
     configure_threads(cfg.threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
     wall_start = time.monotonic()
     resume_ckpt = resolve_resume(cfg.resume) if cfg.resume else None
     if resume_ckpt is not None:
@@ -633,11 +632,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         pass
     cfg = parse_config(argv)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # process-wide: restored on return
     try:
         train(cfg)
     except (NonFiniteError, CheckpointError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        torch.use_deterministic_algorithms(previous)
     return 0
 
 
