@@ -8,8 +8,8 @@ learner need, and keeps them consistent with each other:
   images expanded to their pad tokens by the processor;
 - sampling: one batched, KV-cached generation over left-padded prompts, returning the sampled
   ids and their log-probs ``log_softmax(logits / T)`` taken at sampling time (text models: the
-  hand-written loop of :mod:`agents.sampling`; vision models: HF ``generate``, which handles
-  Qwen2-VL's image inputs and multimodal rope);
+  hand-written loop of :mod:`agents.sampling`; Qwen2-VL / Qwen2.5-VL: the same loop with image
+  inputs and multimodal rope, :mod:`agents.sampling_vl`; other VLMs: HF ``generate``);
 - scoring: :meth:`Policy.token_logprobs` recomputes those log-probs (differentiably) over
   right-padded records, so the learner's ratios start at exactly 1 for fresh data.
 
@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from agents import sampling_vl
 from agents.chat import ChatRenderer
 from agents.record import Sample
 from agents.sampling import TurnKVCache, sample_text
@@ -278,6 +279,9 @@ class Policy:
         if not self.is_vision:
             return sample_text(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                greedy=greedy, turn_cache=turn_cache)
+        if sampling_vl.supports(self.model):
+            return sampling_vl.sample_vision(self, prompts, images, max_new_tokens=max_new_tokens,
+                                             temperature=temperature, greedy=greedy)
         return self._generate_hf(prompts, images, max_new_tokens=max_new_tokens, temperature=temperature,
                                  greedy=greedy)
 
