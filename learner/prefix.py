@@ -1,11 +1,21 @@
-"""Log-probs of many sequences that share a long common prefix, computing the prefix once.
+"""Log-probs of many sequences that share prompts, computing every distinct prompt once.
 
-In ``window:k`` context every training sequence starts with the same chat header and task
-instructions (on FrozenLake about 60 of ~100 tokens). The prefix is run once with a KV cache,
-the cache is repeated over the batch (``repeat_interleave`` is differentiable, so gradients
-from every row flow back into the shared prefix), and only the suffixes are run. The result
-equals a full forward pass on the sampled positions up to float rounding (tested), at a
-fraction of the cost. Text models only; vision batches take the ordinary path.
+In ``window:k`` context a batch is full of repeated prompts: all G rollouts of a map share the
+turn-1 prompt, later turns revisit the same board with the same feedback, and every prompt
+starts with the same chat header and task instructions (on FrozenLake ~60 of ~100 tokens),
+while the trained replies are ~5 tokens. :func:`sampled_logprobs` therefore runs
+
+1. the header shared by all prompts once (batch 1, KV cache);
+2. each *distinct* prompt's remainder once, on that header's cache repeated over the distinct
+   prompts (right-padded; the last real position gives the first reply token's logits);
+3. the replies (everything from the first sampled token on), on the distinct prompts' caches
+   gathered per sample with ``index_select``, at their true position ids, with an attention
+   mask that hides the padding between a short prompt and the gathered cache's end.
+
+``repeat_interleave`` and ``index_select`` are differentiable (their backward sums the rows),
+so the gradient of every sample flows into the shared computation: values and gradients equal
+a full forward pass on the sampled positions up to float rounding (tested). This is exact, not
+an approximation. Text models only; vision batches take the ordinary full forward.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-#: Below this shared length the ordinary full forward is used.
+#: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
 
 
@@ -33,44 +43,134 @@ def common_prefix_length(sequences: Sequence[np.ndarray]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def prompt_lengths(samples: Sequence) -> list[int]:
+    """Per sample, the number of tokens before its first sampled (loss-mask) token, kept in
+    ``[1, len - 1]`` so every sample has a prompt and at least one scored token."""
+    out = []
+    for s in samples:
+        m = np.asarray(s.loss_mask) > 0
+        n = len(s.token_ids)
+        p = int(np.argmax(m)) if m.any() else n - 1
+        out.append(max(1, min(p, n - 1)))
+    return out
+
+
+def group_prompts(ids: Sequence[np.ndarray], plen: Sequence[int]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Distinct prompts (in order of first appearance) and, per sample, its prompt's index."""
+    index: dict[bytes, int] = {}
+    unique: list[np.ndarray] = []
+    inverse = np.empty(len(ids), dtype=np.int64)
+    for b, (x, p) in enumerate(zip(ids, plen)):
+        prompt = np.ascontiguousarray(np.asarray(x[:p], dtype=np.int64))
+        key = prompt.tobytes()
+        if key not in index:
+            index[key] = len(unique)
+            unique.append(prompt)
+        inverse[b] = index[key]
+    return unique, inverse
+
+
+def _cache_arg(model) -> str:
+    # transformers >= 5.2x names the KV cache `cache`; older versions `past_key_values`.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _select_rows(cache, rows: torch.Tensor) -> None:
+    """Gather the cache's batch rows (``index_select``: differentiable, backward sums duplicates)."""
+    layers = getattr(cache, "layers", None)
+    if layers and all(hasattr(layer, "keys") for layer in layers):
+        for layer in layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, rows)
+                layer.values = layer.values.index_select(0, rows)
+    else:  # other cache layouts: the library's own row selection
+        cache.batch_select_indices(rows)
+
+
 def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, temperature: float = 1.0) -> torch.Tensor:
     """``[B, T_max]`` log-probs of each sample's tokens, exact on sampled (loss-mask) positions.
 
-    Positions inside the shared prefix are 0 (they are prompt tokens, never trained on).
-    Falls back to ``policy.token_logprobs`` for vision models or a short shared prefix.
+    Positions before a sample's first sampled token are 0 (prompt tokens, never trained on);
+    positions from it on hold the log-prob of that token given everything before it.
+    Vision models take ``policy.token_logprobs`` (the full forward).
     """
-    ids = [np.asarray(s.token_ids) for s in samples]
-    prefix = common_prefix_length(ids)
-    # Keep at least one token of every sample in the suffix and no sampled token in the prefix.
-    first_sampled = min(int(np.argmax(np.asarray(s.loss_mask) > 0)) if np.asarray(s.loss_mask).any() else len(s.token_ids)
-                        for s in samples)
-    prefix = min(prefix, first_sampled, min(len(x) for x in ids) - 1)
-    if policy.is_vision or prefix < MIN_PREFIX or len(samples) < 2:
+    if policy.is_vision or not samples:
         return policy.token_logprobs(samples, images if images is not None else [[] for _ in samples],
                                      temperature=temperature)
     model, device = policy.model, policy.device
-    b = len(samples)
+    cache_arg = _cache_arg(model)
+    params = inspect.signature(model.forward).parameters
+    ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
+    b = len(ids)
     t_max = max(len(x) for x in ids)
-    s_len = t_max - prefix
-    head = torch.as_tensor(ids[0][:prefix], dtype=torch.long, device=device)[None]
-    out = model(input_ids=head, use_cache=True)
-    # transformers >= 5.2x names the KV cache `cache`; older versions `past_key_values`.
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    cache = getattr(out, cache_arg)
-    cache.batch_repeat_interleave(b)
-    suffix = torch.full((b, s_len), policy.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((b, t_max), dtype=torch.long)
-    mask[:, :prefix] = 1
-    for i, x in enumerate(ids):
-        suffix[i, : len(x) - prefix] = torch.as_tensor(x[prefix:], dtype=torch.long)
-        mask[i, prefix : len(x)] = 1
-    suffix, mask = suffix.to(device), mask.to(device)
-    positions = torch.arange(prefix, t_max, device=device)
-    out2 = model(input_ids=suffix, attention_mask=mask, cache_position=positions,
-                 position_ids=positions[None].expand(b, -1), use_cache=True, **{cache_arg: cache})
-    logits = torch.cat([out.logits[:, -1:].expand(b, 1, -1), out2.logits[:, :-1]], dim=1).float() / temperature
+    plen = prompt_lengths(samples)
+    unique, inverse = group_prompts(ids, plen)
+    u = len(unique)
+    ulen = [len(x) for x in unique]
+
+    # 1. the header shared by every distinct prompt, once (each prompt keeps >= 1 token after it)
+    head_len = min(common_prefix_length(unique), min(ulen) - 1)
+    cache = None
+    if head_len >= MIN_PREFIX:
+        head = torch.as_tensor(unique[0][:head_len], device=device)[None]
+        kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        cache = getattr(model(input_ids=head, use_cache=True, **kw), cache_arg)
+        if u > 1:
+            cache.batch_repeat_interleave(u)
+    else:
+        head_len = 0
+
+    # 2. each distinct prompt's remainder once, right-padded; logits at its last real position
+    rest = max(ulen) - head_len
+    prompt_ids = torch.full((u, rest), policy.pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((u, head_len + rest), dtype=torch.long)
+    prompt_mask[:, :head_len] = 1
+    for i, x in enumerate(unique):
+        prompt_ids[i, : len(x) - head_len] = torch.as_tensor(x[head_len:])
+        prompt_mask[i, head_len : len(x)] = 1
+    last = torch.as_tensor([n - head_len - 1 for n in ulen], dtype=torch.long)
+    positions = torch.arange(head_len, head_len + rest, device=device)
+    kw = {}
+    if "logits_to_keep" in params:
+        keep = torch.unique(last)  # sorted distinct positions: only these go through the LM head
+        kw["logits_to_keep"] = keep.to(device)
+        last = torch.searchsorted(keep, last)
+    if cache is not None:
+        kw[cache_arg] = cache
+    out = model(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                position_ids=positions[None].expand(u, -1), cache_position=positions, use_cache=True, **kw)
+    first_logits = out.logits[torch.arange(u), last.to(device)]  # [U, V]: predicts each reply's first token
+    first_logits = first_logits.index_select(0, torch.as_tensor(inverse, device=device))  # [B, V]
+
+    # 3. the replies, on the prompts' caches gathered per sample, at their true positions
+    slen = [len(x) - p for x, p in zip(ids, plen)]
+    s_max = max(slen)
+    suffix = torch.full((b, s_max), policy.pad_token_id, dtype=torch.long)
+    for i, (x, p) in enumerate(zip(ids, plen)):
+        suffix[i, : len(x) - p] = torch.as_tensor(x[p:])
+    suffix = suffix.to(device)
+    if s_max > 1:
+        cache = getattr(out, cache_arg)
+        _select_rows(cache, torch.as_tensor(inverse, device=device))
+        width = head_len + rest
+        mask = torch.zeros((b, width + s_max - 1), dtype=torch.long)
+        for i, (p, s) in enumerate(zip(plen, slen)):
+            mask[i, :p] = 1  # the prompt's slots (its padding up to `width` stays hidden)
+            mask[i, width : width + s - 1] = 1
+        pos = torch.as_tensor(plen, dtype=torch.long)[:, None] + torch.arange(s_max - 1)[None]
+        out2 = model(input_ids=suffix[:, :-1], attention_mask=mask.to(device), position_ids=pos.to(device),
+                     cache_position=torch.arange(width, width + s_max - 1, device=device), use_cache=True,
+                     **{cache_arg: cache})
+        logits = torch.cat([first_logits[:, None], out2.logits], dim=1)  # [B, S, V]
+    else:
+        logits = first_logits[:, None]
+    logits = logits.float() / temperature
     if policy.suppressed_ids:
         logits[..., policy.suppressed_ids] = float("-inf")
-    lp = logits.gather(-1, suffix.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    lp = torch.where(mask[:, prefix:] > 0, lp, torch.zeros_like(lp))
-    return torch.cat([torch.zeros(b, prefix, dtype=lp.dtype, device=device), lp], dim=1)
+    lp = logits.gather(-1, suffix.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, S]
+    valid = torch.arange(s_max, device=device)[None] < torch.as_tensor(slen, device=device)[:, None]
+    lp = torch.where(valid, lp, torch.zeros_like(lp))
+    # place row b's S values at columns plen[b] .. (a scatter into a zero row: differentiable)
+    cols = (torch.as_tensor(plen, dtype=torch.long)[:, None] + torch.arange(s_max)[None]).to(device)
+    full = torch.zeros(b, t_max + s_max, dtype=lp.dtype, device=device).scatter(1, cols, lp)
+    return full[:, :t_max]
