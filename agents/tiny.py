@@ -24,7 +24,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2  # 2: role lines in the tokenizer corpus
 #: Chat and vision special tokens, in id order right after the 256 byte tokens.
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -56,13 +56,20 @@ The episode is over. You reached the goal. You fell into a hole. Reply with one 
 """
 
 
+#: Role lines of CHAT_TEMPLATE (``<|im_start|>{role}\n``) as they precede each message's text.
+_USER, _ASSISTANT = "user\n", "assistant\n"
+
+
 def default_cache_dir() -> Path:
     """``$FRESHPER_CACHE`` or ``.cache/freshper`` under the current directory."""
     return Path(os.environ.get("FRESHPER_CACHE") or Path.cwd() / ".cache" / "freshper")
 
 
 def task_corpus(episodes_per_task: int = 12, seed: int = 0) -> str:
-    """Text of sampled episodes of every registered task that imports (random replies).
+    """Text of sampled episodes of every registered task that imports (random replies), each
+    message preceded by its chat-template role line (``user`` / ``assistant``), as the model
+    sees it: so the BPE learns the role names as single tokens (they were 4 and 7 tokens, in
+    every prompt).
 
     A task that fails to import or run is skipped with a log line: the tokenizer must build
     even while a task is broken or missing.
@@ -82,12 +89,12 @@ def task_corpus(episodes_per_task: int = 12, seed: int = 0) -> str:
             cls = type(env.unwrapped)
             for ep in range(episodes_per_task):
                 obs, info = env.reset(seed=seed * 100_003 + ep)
-                parts.append(obs["text"])
+                parts.append(_USER + obs["text"])
                 for _ in range(10):
                     reply = _random_reply(env, cls, rng)
-                    parts.append(reply)
+                    parts.append(_ASSISTANT + reply)
                     obs, _, term, trunc, info = env.step(reply)
-                    parts.append(obs["text"])
+                    parts.append(_USER + obs["text"])
                     if term or trunc:
                         break
         except Exception as exc:
