@@ -27,8 +27,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
-import yaml
+
+# Idle OpenMP threads sleep instead of spinning: 2 spinning threads on 2 cores that another
+# process also uses made updates 2-10x slower; sleeping costs ~10% on idle cores (measured,
+# docs/performance_train.md). Must be set before torch loads its OpenMP runtime.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from learner.cli import dataclass_parser, field_docs, replace_checked
 from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resume, rng_state, save_checkpoint,
@@ -61,7 +66,9 @@ class Config:
     device: str = "cpu"
     """torch device for the policy"""
     threads: int | None = None
-    """torch intra-op threads (default: available CPUs, at most 8)"""
+    """torch intra-op threads for rollouts and evaluations (default: agents.policy's, 1 on <= 2 CPUs)"""
+    update_threads: int | None = None
+    """torch intra-op threads for the warm-up and the updates (default: available CPUs, at most 8)"""
 
     # -- task and model --------------------------------------------------------------------
     env_id: str = "freshper/FrozenLake-v0"
@@ -270,6 +277,29 @@ def masked(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, logp, torch.zeros_like(logp))
 
 
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class torch_threads:
+    """Context manager: ``torch.set_num_threads(n)`` inside, the previous count restored after
+    (cheap; lets updates use every core while generation keeps its own setting)."""
+
+    def __init__(self, n: int | None) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        self.previous = torch.get_num_threads()
+        if self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        torch.set_num_threads(self.previous)
+
+
 def policy_update(policy, ref, optimizer, scheduler, trajs: list, weights: np.ndarray, ages: np.ndarray,
                   cfg: Config, loss_cfg: LossConfig, on_policy: bool) -> dict[str, float]:
     """One optimizer step on ``trajs`` (every sampled token carries its trajectory's stored
@@ -430,6 +460,7 @@ def train(cfg: Config) -> dict[str, Any]:
 
     validate(cfg)
     configure_threads(cfg.threads)
+    update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
     wall_start = time.monotonic()
     resume_ckpt = resolve_resume(cfg.resume) if cfg.resume else None
     if resume_ckpt is not None:
@@ -470,7 +501,8 @@ def train(cfg: Config) -> dict[str, Any]:
         start = {"iteration": 0, "episodes": 0}
         if warm_seconds > 0 and cfg.warmup_steps != 0:
             evaluate_phase(policy, cfg, metrics, run_dir, "initial", cfg.initial_eval_episodes, start, evals, False)
-            wstats = warmup(policy, cfg, warm_seconds)
+            with torch_threads(update_threads):
+                wstats = warmup(policy, cfg, warm_seconds)
             metrics.log({"kind": "warmup", "iteration": 0, "episodes": 0, **wstats})
             print(f"format warm-up: {wstats['warmup_steps']:.0f} steps in {wstats['warmup_seconds']:.0f} s, "
                   f"loss {wstats['warmup_loss_first']:.3f} -> {wstats['warmup_loss_last']:.3f}")
@@ -539,7 +571,8 @@ def train(cfg: Config) -> dict[str, Any]:
             t1 = time.monotonic()
             # 2. one on-policy update (ratio exactly 1)
             ones, zeros = np.ones(len(good)), np.zeros(len(good))
-            upd = policy_update(policy, ref, optimizer, scheduler, good, ones, zeros, cfg, loss_cfg, on_policy=True)
+            with torch_threads(update_threads):
+                upd = policy_update(policy, ref, optimizer, scheduler, good, ones, zeros, cfg, loss_cfg, on_policy=True)
             t2 = time.monotonic()
             # 3. add the records to the buffer, 4. K replay updates on prioritized batches
             replay_stats: list[dict[str, float]] = []
@@ -550,8 +583,9 @@ def train(cfg: Config) -> dict[str, Any]:
             t3 = time.monotonic()
             for _ in range(cfg.replay_ratio if buffer is not None else 0):
                 batch = buffer.sample(cfg.replay_batch or cfg.tasks_per_iter * cfg.group_size, step=state["global_step"])
-                rst = policy_update(policy, ref, optimizer, scheduler, list(batch.items), batch.weights, batch.ages,
-                                    cfg, loss_cfg, on_policy=False)
+                with torch_threads(update_threads):
+                    rst = policy_update(policy, ref, optimizer, scheduler, list(batch.items), batch.weights,
+                                        batch.ages, cfg, loss_cfg, on_policy=False)
                 replay_stats.append(rst)
                 state["global_step"] += int(not rst["skipped"])
             t4 = time.monotonic()
