@@ -68,7 +68,7 @@ def default_cache_dir() -> Path:
 def task_corpus(episodes_per_task: int = 12, seed: int = 0) -> str:
     """Text of sampled episodes of every registered task that imports (random replies), each
     message preceded by its chat-template role line (``user`` / ``assistant``), as the model
-    sees it: so the BPE learns the role names as single tokens (they were 4 and 7 tokens, in
+    sees it: so the BPE learns the role names as single tokens (they were 3 and 7 tokens, in
     every prompt).
 
     A task that fails to import or run is skipped with a log line: the tokenizer must build
