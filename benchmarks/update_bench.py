@@ -1,14 +1,15 @@
 """Time one on-policy update (policy + KL reference forward) and one collect on fixed batches.
 
-    python -m learner.update_bench --threads 1
-    python -m learner.update_bench --threads 2
+    python benchmarks/update_bench.py --threads 1
+    python benchmarks/update_bench.py --threads 2
     git show b891765:learner/prefix.py > /tmp/prefix_old.py   # the shared-header-only version
-    python -m learner.update_bench --threads 1 --prefix-module /tmp/prefix_old.py
+    python benchmarks/update_bench.py --threads 1 --prefix-module /tmp/prefix_old.py
 
 Batches: ``--reps + 1`` collects of 8 maps x 8 rollouts (window:0, FrozenLake) by the policy
 in ``--model``, then ``--reps + 1`` updates (lr 0, so every update sees the same weights) on
-the last batch; medians drop the first of each. Default model: the final policy of a previous
-``train.py`` run (its replies are valid and episodes several turns long, as in a real run).
+the last batch; medians drop the first of each. Pass the final policy of a ``train.py`` run as
+``--model`` (its replies are valid and episodes several turns long, as in a real run); the
+default, the untrained tiny model, replies invalidly and plays all 8 turns.
 OpenMP threads wait as the environment says (torch loads before ``train`` can set its
 ``OMP_WAIT_POLICY=PASSIVE`` default): set it yourself to compare. Prints one JSON line. A benchmark, not a test: compare numbers of one session, machine quiet.
 """
@@ -18,16 +19,21 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="runs/default_final/checkpoints/iter_000098/model")
-    ap.add_argument("--ref", default="runs/default_final/reference", help="KL reference policy folder")
+    ap.add_argument("--model", default=None,
+                    help="policy folder, e.g. runs/<name>/checkpoints/iter_N/model (default: the embedded tiny model, untrained)")
+    ap.add_argument("--ref", default=None, help="KL reference policy folder, e.g. runs/<name>/reference (default: --model)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the update")
     ap.add_argument("--gen-threads", type=int, default=None, help="torch threads of the collect (default --threads)")
     ap.add_argument("--reps", type=int, default=5)
@@ -46,9 +52,12 @@ def main(argv=None) -> None:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         train.sampled_logprobs = mod.sampled_logprobs
+    from agents.tiny import build_tiny_model
+
     torch.manual_seed(0)
-    policy = Policy.from_pretrained(a.model)
-    ref = Policy.from_pretrained(a.ref)
+    model_path = a.model or build_tiny_model("text")
+    policy = Policy.from_pretrained(model_path)
+    ref = Policy.from_pretrained(a.ref or model_path)
     ref.model.requires_grad_(False)
     cfg = train.Config(micro_batch=a.micro_batch)
     runner = Runner(policy, cfg.env_id, group_size=8, context="window:0", max_new_tokens=8, temperature=1.0, seed=1)
