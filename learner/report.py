@@ -220,6 +220,30 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
 
 
+#: FrozenLake 4x4 policies that read nothing (DESIGN.md): random Down/Right, the best fixed path.
+BLIND_DOWN_RIGHT, BLIND_BEST_PATH = 0.39, 0.46
+
+
+def board_reading_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
+    """Whether an improvement is more than the board-blind Down/Right habit (None, '' when no probe ran).
+
+    A policy reads the board if its success clearly beats the best fixed path (CI above 0.46)
+    or, on states where exactly one of Down/Right leads into a hole, it picks the safe one more
+    often than chance (the probe's 95% CI above 0.5).
+    """
+    n = int(final.get("probe_down_right", 0) or 0)
+    if not n or math.isnan(final.get("probe_safe_rate", float("nan"))):
+        return None, ""
+    rate = final["probe_safe_rate"]
+    lo, hi = wilson_interval(round(rate * n), n)
+    beats_path = final["success_ci_low"] > BLIND_BEST_PATH
+    reads = beats_path or lo > 0.5
+    return reads, (f"board reading: safe-move probe {rate:.2f} [{lo:.2f}, {hi:.2f}] (0.5 = blind), success CI "
+            f"{'above' if beats_path else 'not above'} the best fixed path {BLIND_BEST_PATH} "
+            f"(random Down/Right {BLIND_DOWN_RIGHT}) - "
+            + ("reads the board" if reads else "no evidence beyond the board-blind Down/Right habit"))
+
+
 def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: float) -> dict[str, Any]:
     """The final table: success with 95% CIs before and after RL, and the learning verdict."""
     names = {"initial": "initial (before warm-up)", "baseline": "start of RL (after warm-up)", "final": "final"}
@@ -240,9 +264,11 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
         b = (final["success_ci_low"], final["success_ci_high"])
         learned = final["success"] > base["success"] and intervals_disjoint(a, b)
         verdict = (f"{final.get('decoding', '')} success: final {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
-                   f"{'do not overlap - learned' if learned else 'overlap or final is lower - no clear learning'}")
-    text = (f"\n{table}\n\n{verdict}\n(board-blind references on FrozenLake 4x4: random Down/Right 0.39, best fixed "
-            f"path 0.46; the probe is 0.5 for a board-blind policy)\n{state['iteration']} iterations, "
+                   f"{'do not overlap - improved' if learned else 'overlap or final is lower - no clear improvement'}")
+    reads_board, board_text = board_reading_verdict(final)
+    if board_text:
+        verdict += f"\n{board_text}"
+    text = (f"\n{table}\n\n{verdict}\n{state['iteration']} iterations, "
             f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s")
-    return {"evals": evals, "learned": learned, "verdict": verdict, "text": text, "wall_seconds": wall,
+    return {"evals": evals, "learned": learned, "reads_board": reads_board, "verdict": verdict, "text": text, "wall_seconds": wall,
             "iterations": state["iteration"], "episodes": state["episodes"]}

@@ -1,0 +1,39 @@
+"""The run summary's verdicts: improvement over the start of RL, and board reading vs habit."""
+
+from __future__ import annotations
+
+from learner.report import board_reading_verdict, summarize, wilson_interval
+
+
+def _eval(success: float, n: int = 200, probe: float | None = None, probe_n: int = 0, decoding: str = "sampled") -> dict:
+    lo, hi = wilson_interval(round(success * n), n)
+    row = {"success": success, "success_ci_low": lo, "success_ci_high": hi, "episodes_eval": n, "return_mean": success,
+           "invalid_rate": 0.0, "decoding": decoding}
+    if probe is not None:
+        row.update(probe_safe_rate=probe, probe_down_right=probe_n)
+    return row
+
+
+def test_board_blind_improvement_is_not_called_board_reading() -> None:
+    reads, text = board_reading_verdict(_eval(0.27, probe=0.47, probe_n=190))
+    assert reads is False and "board-blind" in text
+
+
+def test_safe_move_probe_above_chance_or_success_above_fixed_path_is_board_reading() -> None:
+    assert board_reading_verdict(_eval(0.40, probe=0.86, probe_n=200))[0] is True
+    assert board_reading_verdict(_eval(0.70, probe=0.55, probe_n=40))[0] is True  # CI low > 0.46
+    assert board_reading_verdict(_eval(0.40, probe=0.56, probe_n=40))[0] is False  # probe CI includes 0.5
+
+
+def test_no_probe_no_board_verdict() -> None:
+    assert board_reading_verdict(_eval(0.5)) == (None, "")
+
+
+def test_summary_separates_improvement_from_board_reading() -> None:
+    state = {"iteration": 10, "episodes": 640, "nonfinite_total": 0}
+    out = summarize({"baseline": _eval(0.035, probe=0.46, probe_n=174), "final": _eval(0.27, probe=0.47, probe_n=190)},
+                    state, 300.0)
+    assert out["learned"] is True and out["reads_board"] is False
+    assert "do not overlap - improved" in out["text"] and "no evidence beyond the board-blind" in out["text"]
+    flat = summarize({"baseline": _eval(0.30), "final": _eval(0.32)}, state, 300.0)
+    assert flat["learned"] is False and "no clear improvement" in flat["text"]
