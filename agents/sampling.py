@@ -17,7 +17,7 @@ fresh forward over the record (fp32, ~1e-6); finished rows leave the batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, TYPE_CHECKING, Sequence
 
 import torch
 
@@ -143,8 +143,6 @@ def sample_text(
     turn_cache: TurnKVCache | None = None,
 ) -> list["Generation"]:
     """Sample a reply for every prompt (see the module docstring); rows stop at EOS (kept)."""
-    from agents.policy import Generation
-
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be non-empty")
     model, device = policy.model, policy.device
@@ -181,9 +179,6 @@ def sample_text(
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     n = len(prompts)
-    tokens = torch.full((n, max_new_tokens), policy.pad_token_id, dtype=torch.long, device=device)
-    lps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
@@ -202,10 +197,9 @@ def sample_text(
         logits = out.logits[index, -1]
         mask = mask[index]
         position = mask.sum(-1)  # next token's position
-        row = torch.arange(n, device=device)  # batch row -> prompt index
         layers = _plain_layers(cache) if turn_cache is not None else None
 
-        def keep_kv(which: torch.Tensor, step: int) -> None:
+        def keep_kv(which: torch.Tensor, row: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, step: int) -> None:
             """Store the KV of finished rows ``which`` (prompt + reply but its last token)."""
             if layers is None:
                 return
@@ -215,31 +209,66 @@ def sample_text(
                 kv = [(layer.keys[b][:, valid].clone(), layer.values[b][:, valid].clone()) for layer in layers]
                 turn_cache.store(rows[inverse[p]] + tuple(tokens[p, :step].tolist()), kv)
 
-        for step in range(max_new_tokens):
-            logp = policy._sampling_logprobs(logits, temperature)
-            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
-            tokens[row, step] = tok
-            lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)
-            done = tok == policy.eos_token_id
-            if step + 1 == max_new_tokens:
-                lengths[row[done]] = step + 1
-                keep_kv(torch.arange(len(row), device=device), step)
-                break
-            if bool(done.any()):
-                lengths[row[done]] = step + 1
-                keep_kv(done.nonzero().squeeze(-1), step)
-                keep = (~done).nonzero().squeeze(-1)
-                if keep.numel() == 0:
-                    break
-                cache.reorder_cache(keep)
-                row, tok, mask, position = row[keep], tok[keep], mask[keep], position[keep]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=position[:, None],
-                           use_cache=True, **{cache_arg: cache}).logits[:, -1]
-            position = position + 1
+        return decode_rows(policy, cache, logits, mask, position, max_new_tokens=max_new_tokens,
+                           temperature=temperature, greedy=greedy, on_finished=keep_kv)
     finally:
         model.train(was_training)
         if turn_cache is not None:
             turn_cache.finish_call()
+
+
+def decode_rows(
+    policy: "Policy",
+    cache,
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    position: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    greedy: bool,
+    position_ids: Callable[[torch.Tensor], torch.Tensor] = lambda pos: pos[:, None],
+    on_finished: Callable[..., None] | None = None,
+) -> list["Generation"]:
+    """The decode loop shared by the text and vision samplers.
+
+    ``logits`` [n, V] are each row's next-token logits after its prompt, ``mask`` its attention
+    mask over ``cache`` and ``position`` its next token's position (``position_ids`` maps it to
+    the model's layout, e.g. three rope axes). One cached forward per token; a row leaves the
+    batch at EOS (kept in the reply). ``on_finished(which, row, mask, tokens, step)`` sees the
+    batch rows that just finished, before they leave.
+    """
+    from agents.policy import Generation
+
+    model, device, cache_arg = policy.model, policy.device, policy._cache_arg
+    n = logits.shape[0]
+    tokens = torch.full((n, max_new_tokens), policy.pad_token_id, dtype=torch.long, device=device)
+    lps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+    row = torch.arange(n, device=device)  # batch row -> prompt index
+    for step in range(max_new_tokens):
+        logp = policy._sampling_logprobs(logits, temperature)
+        tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
+        tokens[row, step] = tok
+        lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)
+        done = tok == policy.eos_token_id
+        if step + 1 == max_new_tokens:
+            lengths[row[done]] = step + 1
+            if on_finished is not None:
+                on_finished(torch.arange(len(row), device=device), row, mask, tokens, step)
+            break
+        if bool(done.any()):
+            lengths[row[done]] = step + 1
+            if on_finished is not None:
+                on_finished(done.nonzero().squeeze(-1), row, mask, tokens, step)
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            cache.reorder_cache(keep)
+            row, tok, mask, position = row[keep], tok[keep], mask[keep], position[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=position_ids(position),
+                       use_cache=True, **{cache_arg: cache}).logits[:, -1]
+        position = position + 1
     tokens, lps, lengths = tokens.cpu().tolist(), lps.cpu().tolist(), lengths.cpu().tolist()
     return [Generation(t[:k], lp[:k], t[k - 1] == policy.eos_token_id) for t, lp, k in zip(tokens, lps, lengths)]

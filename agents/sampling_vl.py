@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from agents.sampling import _cache_of, _common_prefix_len, _new_cache
+from agents.sampling import _cache_of, _common_prefix_len, _new_cache, decode_rows
 
 if TYPE_CHECKING:
     from agents.policy import Generation, Policy
@@ -71,8 +71,6 @@ def sample_vision(
     greedy: bool,
 ) -> list["Generation"]:
     """Sample a reply for every prompt given its images in order; rows stop at EOS (kept)."""
-    from agents.policy import Generation
-
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be non-empty")
     images = list(images) if images is not None else [[] for _ in prompts]
@@ -103,9 +101,6 @@ def sample_vision(
     vision = policy.vision_inputs(row_images)
     positions = _rope_positions(policy, full, mask, vision.get("image_grid_thw"))
     n = len(prompts)
-    tokens = torch.full((n, max_new_tokens), policy.pad_token_id, dtype=torch.long, device=device)
-    lps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-    lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
@@ -124,29 +119,9 @@ def sample_vision(
         mask = mask[index]
         # Next token's position: the row's largest position + 1 (all three rope axes agree on text).
         position = (positions.amax(dim=(0, 2)) + 1)[index]
-        row = torch.arange(n, device=device)  # batch row -> prompt index
-        for step in range(max_new_tokens):
-            logp = policy._sampling_logprobs(logits, temperature)
-            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
-            tokens[row, step] = tok
-            lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)
-            done = tok == policy.eos_token_id
-            if step + 1 == max_new_tokens:
-                lengths[row[done]] = step + 1
-                break
-            if bool(done.any()):
-                lengths[row[done]] = step + 1
-                keep = (~done).nonzero().squeeze(-1)
-                if keep.numel() == 0:
-                    break
-                cache.reorder_cache(keep)
-                row, tok, mask, position = row[keep], tok[keep], mask[keep], position[keep]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            pos = position.view(1, -1, 1).expand(3, -1, -1)
-            logits = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
-                           use_cache=True, **{cache_arg: cache}).logits[:, -1]
-            position = position + 1
+        # All three rope axes advance together on generated text.
+        return decode_rows(policy, cache, logits, mask, position, max_new_tokens=max_new_tokens,
+                           temperature=temperature, greedy=greedy,
+                           position_ids=lambda pos: pos.view(1, -1, 1).expand(3, -1, -1))
     finally:
         model.train(was_training)
-    tokens, lps, lengths = tokens.cpu().tolist(), lps.cpu().tolist(), lengths.cpu().tolist()
-    return [Generation(t[:k], lp[:k], t[k - 1] == policy.eos_token_id) for t, lp, k in zip(tokens, lps, lengths)]
