@@ -178,7 +178,6 @@ def sample_text(
         mask[u, region + width - (len(r) - s):] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    n = len(prompts)
     was_training = model.training
     model.eval()
     try:
@@ -190,12 +189,7 @@ def sample_text(
                 cache.batch_repeat_interleave(len(rows))
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions[:, region:],
                     use_cache=True, logits_to_keep=1, **{cache_arg: cache})
-        cache = _cache_of(out)
-        index = torch.as_tensor(inverse, dtype=torch.long, device=device)
-        if len(rows) < n:
-            cache.reorder_cache(index)
-        logits = out.logits[index, -1]
-        mask = mask[index]
+        cache, logits, mask, _ = expand_unique(out, mask, inverse)
         position = mask.sum(-1)  # next token's position
         layers = _plain_layers(cache) if turn_cache is not None else None
 
@@ -215,6 +209,19 @@ def sample_text(
         model.train(was_training)
         if turn_cache is not None:
             turn_cache.finish_call()
+
+
+def expand_unique(out, mask: torch.Tensor, inverse: Sequence[int]):
+    """From the prefill of the distinct prompts to one row per prompt of the batch.
+
+    ``inverse[b]`` is the distinct prompt of batch row ``b``. Returns the cache (rows repeated
+    where prompts repeat), the next-token logits and attention mask per batch row, and the index.
+    """
+    cache = _cache_of(out)
+    index = torch.as_tensor(inverse, dtype=torch.long, device=mask.device)
+    if len(index) > out.logits.shape[0]:
+        cache.reorder_cache(index)
+    return cache, out.logits[index, -1], mask[index], index
 
 
 def decode_rows(

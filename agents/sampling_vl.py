@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from agents.sampling import _cache_of, _common_prefix_len, _new_cache, decode_rows
+from agents.sampling import _common_prefix_len, _new_cache, decode_rows, expand_unique
 
 if TYPE_CHECKING:
     from agents.policy import Generation, Policy
@@ -100,7 +100,6 @@ def sample_vision(
     full, mask = full.to(device), mask.to(device)
     vision = policy.vision_inputs(row_images)
     positions = _rope_positions(policy, full, mask, vision.get("image_grid_thw"))
-    n = len(prompts)
     was_training = model.training
     model.eval()
     try:
@@ -111,12 +110,7 @@ def sample_vision(
             cache.batch_repeat_interleave(len(rows))
         out = model(input_ids=full[:, region:], attention_mask=mask, position_ids=positions[:, :, region:],
                     use_cache=True, logits_to_keep=1, **vision, **{cache_arg: cache})
-        cache = _cache_of(out)
-        index = torch.as_tensor(inverse, dtype=torch.long, device=device)
-        if len(rows) < n:
-            cache.reorder_cache(index)
-        logits = out.logits[index, -1]
-        mask = mask[index]
+        cache, logits, mask, index = expand_unique(out, mask, inverse)
         # Next token's position: the row's largest position + 1 (all three rope axes agree on text).
         position = (positions.amax(dim=(0, 2)) + 1)[index]
         # All three rope axes advance together on generated text.

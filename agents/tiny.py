@@ -141,11 +141,9 @@ def _train_tokenizer(corpus: str, vocab_size: int):
     return fast
 
 
-def _text_model(tokenizer, seed: int):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
+def _decoder_dims(tokenizer) -> dict:
+    """The language decoder shared by the tiny text and vision models (~0.8M parameters)."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=384,
@@ -153,11 +151,17 @@ def _text_model(tokenizer, seed: int):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def _text_model(tokenizer, seed: int):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**_decoder_dims(tokenizer), tie_word_embeddings=True)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg)
 
@@ -169,17 +173,8 @@ def _vision_model(tokenizer, seed: int):
     ids = tokenizer.convert_tokens_to_ids
     cfg = Qwen2VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=4096,
+            **_decoder_dims(tokenizer),
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
-            bos_token_id=None,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
         ),
         vision_config=dict(
             depth=2, embed_dim=96, hidden_size=128, num_heads=4, mlp_ratio=2,
