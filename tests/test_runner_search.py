@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,14 +16,7 @@ from agents.tiny import build_tiny_model  # noqa: E402
 SEARCH = "freshper/SearchQA-v0"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Generated corpora, indices and the tiny model stay out of the working tree."""
-    mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp("freshper-cache")
-    mp.setenv("FRESHPER_CACHE", str(root))
-    yield root
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("search_cache")  # generated files stay out of the tree
 
 
 @pytest.fixture(scope="module")

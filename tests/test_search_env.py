@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,14 +26,7 @@ from envs.search import (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Keep generated corpora and indices out of the working tree."""
-    mp = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp("freshper-cache")
-    mp.setenv("FRESHPER_CACHE", str(root))
-    yield root
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("search_cache")  # generated files stay out of the tree
 
 
 @pytest.fixture()
