@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from agents.evaluate import EVAL_SEED_OFFSET
 from learner.cli import dataclass_parser, field_docs, replace_checked
 from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resume, rng_state, save_checkpoint,
                                 set_rng_state, verify_checkpoint)
@@ -47,7 +48,7 @@ logger = logging.getLogger("train")
 #: Seed blocks: training maps, warm-up maps and held-out evaluation maps never overlap.
 TRAIN_SEED_BLOCK = 100_000_000  # per run seed: training task seeds are seed * BLOCK + i * B + b
 WARMUP_SEED_BASE = 1_500_000_000
-EVAL_SEED_BASE = 1_900_000_000
+EVAL_SEED_BASE = EVAL_SEED_OFFSET  # held-out maps: the same seeds as python -m agents.evaluate
 #: RL seconds of the default run (`python train.py`): the whole run stays under 10 min on 2 CPUs.
 DEFAULT_TIME_BUDGET = 360.0
 

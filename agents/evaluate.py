@@ -1,10 +1,11 @@
 """Held-out evaluation of a policy on one task, and its CLI.
 
     python -m agents.evaluate --env freshper/FrozenLake-v0 [--model PATH] [--episodes 100]
-        [--seed 1000000] [--greedy] [--context window:0] [--save DIR]
+        [--seed 1900000000] [--greedy] [--context window:0] [--save DIR]
 
-Seed convention: training draws task seeds below ``EVAL_SEED_OFFSET`` (10**6); evaluation uses
-seeds from ``EVAL_SEED_OFFSET`` on, so held-out maps are never trained on. Each evaluation
+Seed convention: held-out tasks use seeds from ``EVAL_SEED_OFFSET`` (1.9e9) on; ``train.py``
+draws training and warm-up seeds below it and evaluates from it too, so this CLI's default
+maps are the ones a run's evaluations used and were never trained on. Each evaluation
 episode is its own task seed (group size 1). Success is reported with a 95% Wilson interval,
 the mean return with a normal-approximation 95% interval.
 """
@@ -26,7 +27,7 @@ from agents.runner import Runner
 
 logger = logging.getLogger(__name__)
 
-EVAL_SEED_OFFSET = 10**6
+EVAL_SEED_OFFSET = 1_900_000_000
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
     parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     parser.add_argument("--episodes", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed (eval seeds start at 10**6)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed (held-out seeds start at EVAL_SEED_OFFSET = 1900000000)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
     parser.add_argument("--max-new-tokens", type=int, default=16)
