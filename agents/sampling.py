@@ -57,10 +57,11 @@ class TurnKVCache:
         self._lengths = sorted({len(k) for k in self._entries}, reverse=True)
 
 
-def _common_prefix_len(rows: Sequence[Sequence[int]], limit: int) -> int:
-    """Length of the longest common prefix of ``rows``, at most ``limit``."""
+def common_prefix_length(rows: Sequence[Sequence[int]], limit: int | None = None) -> int:
+    """Length of the longest prefix shared by all ``rows``, at most ``limit`` (default: the
+    shortest row)."""
     first = rows[0]
-    n = max(0, limit)
+    n = max(0, min(len(r) for r in rows) if limit is None else limit)
     for r in rows[1:]:
         k = 0
         while k < n and r[k] == first[k]:
@@ -167,7 +168,7 @@ def sample_text(
                     values[u, :, region - n:] = kv[layer][1]
             cache.update(keys, values, layer)
     else:
-        region = _common_prefix_len(rows, limit=min(len(r) for r in rows) - 1)
+        region = common_prefix_length(rows, limit=min(len(r) for r in rows) - 1)
         starts = [region] * len(rows)
     width = max(len(r) - s for r, s in zip(rows, starts))
     ids = torch.full((len(rows), width), policy.pad_token_id, dtype=torch.long)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from agents.sampling import _common_prefix_len, _new_cache, decode_rows, expand_unique
+from agents.sampling import common_prefix_length, _new_cache, decode_rows, expand_unique
 
 if TYPE_CHECKING:
     from agents.policy import Generation, Policy
@@ -88,7 +88,7 @@ def sample_vision(
     row_images = [im for u in range(len(rows)) for im in images[first[u]]]
     vision_ids = set(policy.suppressed_ids)
     before_vision = next((i for i, t in enumerate(rows[0]) if t in vision_ids), len(rows[0]))
-    region = _common_prefix_len(rows, limit=min(min(len(r) for r in rows) - 1, before_vision))
+    region = common_prefix_length(rows, limit=min(min(len(r) for r in rows) - 1, before_vision))
     width = max(len(r) for r in rows) - region
     full = torch.full((len(rows), region + width), policy.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), region + width), dtype=torch.long)

@@ -26,21 +26,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from agents.sampling import common_prefix_length
+
 #: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
-
-
-def common_prefix_length(sequences: Sequence[np.ndarray]) -> int:
-    """Length of the longest prefix shared by all sequences."""
-    first = np.asarray(sequences[0])
-    n = min(len(s) for s in sequences)
-    if n == 0:
-        return 0
-    same = np.ones(n, dtype=bool)
-    for s in sequences[1:]:
-        same &= np.asarray(s[:n]) == first[:n]
-    diff = np.flatnonzero(~same)
-    return int(diff[0]) if diff.size else n
 
 
 def prompt_lengths(samples: Sequence) -> list[int]:
@@ -70,11 +59,6 @@ def group_prompts(ids: Sequence[np.ndarray], plen: Sequence[int]) -> tuple[list[
     return unique, inverse
 
 
-def _cache_arg(model) -> str:
-    # transformers >= 5.2x names the KV cache `cache`; older versions `past_key_values`.
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _select_rows(cache, rows: torch.Tensor) -> None:
     """Gather the cache's batch rows (``index_select``: differentiable, backward sums duplicates)."""
     layers = getattr(cache, "layers", None)
@@ -98,7 +82,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         return policy.token_logprobs(samples, images if images is not None else [[] for _ in samples],
                                      temperature=temperature)
     model, device = policy.model, policy.device
-    cache_arg = _cache_arg(model)
+    cache_arg = policy._cache_arg
     params = inspect.signature(model.forward).parameters
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
     b = len(ids)
