@@ -61,10 +61,18 @@ class MultiTurnEnv(gym.Env[dict, str]):
     cost ``format_penalty`` and are explained in the next observation; ``max_turns`` ends the
     episode with ``truncated=True``; ``info`` carries ``action_is_valid``, ``success``,
     ``turn`` and, at reset, ``instructions``.
+
+    Observations after a step are ``feedback`` (what the move did, or why the reply was
+    invalid), the state, and the turns left. ``feedback=False`` makes them the state alone:
+    for Markov tasks played in ``window:0`` context the extra lines only lengthen the prompt.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     modality: ClassVar[Modality] = "text"
+    #: True when the observed state (``state_text()``, and the image for vision tasks) is all an
+    #: agent needs to act: no history and no feedback lines. Trainers then default to
+    #: ``feedback=False`` in ``window:0`` context (``train.py``, ``--env-kwargs``).
+    markov_state: ClassVar[bool] = False
     #: Shape of the observed image for vision tasks; subclasses set it in ``__init__``.
     image_shape: tuple[int, int, int] | None = None
 
@@ -75,6 +83,7 @@ class MultiTurnEnv(gym.Env[dict, str]):
         format_penalty: float = -0.1,
         render_mode: str | None = None,
         max_text_length: int = 1 << 20,
+        feedback: bool = True,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -85,6 +94,7 @@ class MultiTurnEnv(gym.Env[dict, str]):
         self.max_turns = int(max_turns)
         self.format_penalty = float(format_penalty)
         self.render_mode = render_mode
+        self.feedback = bool(feedback)
         self.action_space = AnyText(max_length=max_text_length)
         self.turn = 0
         self.episode_return = 0.0
@@ -165,11 +175,11 @@ class MultiTurnEnv(gym.Env[dict, str]):
         self._done = terminated or truncated
         self._success = bool(success)
         self.episode_return += float(reward)
-        text = f"{feedback}\n\n{self.state_text()}" if feedback else self.state_text()
-        if self._done:
-            text += "\n\nThe episode is over."
+        if not self.feedback:  # the state alone: what a window:0 agent of a Markov task needs
+            text = self.state_text()
         else:
-            text += f"\n\nTurns left: {self.max_turns - self.turn}."
+            text = f"{feedback}\n\n{self.state_text()}" if feedback else self.state_text()
+            text += "\n\nThe episode is over." if self._done else f"\n\nTurns left: {self.max_turns - self.turn}."
         info = {"action_is_valid": valid, "success": self._success, "turn": self.turn}
         info.update(self.task_info())
         return self._observation(text), float(reward), bool(terminated), bool(truncated), info

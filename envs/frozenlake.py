@@ -21,7 +21,7 @@ to its first letter (``<answer>d</answer>``). Anything else is an invalid reply.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -104,7 +104,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         max_turns: turn limit; default ``nrow + ncol`` (8 on 4x4: the 6-move path plus 2).
         format_penalty: reward of an invalid reply.
         render_mode: ``"ansi"`` (the board text) or ``"rgb_array"`` (the board image).
+        feedback: include the move feedback and turns left in observations after a step;
+            ``False``: the board alone.
     """
+
+    markov_state: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -117,6 +121,7 @@ class FrozenLakeEnv(MultiTurnEnv):
         max_turns: int | None = None,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        feedback: bool = True,
     ) -> None:
         if desc is None and map_name is not None:
             if map_name not in MAPS:
@@ -135,6 +140,7 @@ class FrozenLakeEnv(MultiTurnEnv):
             max_turns=max_turns if max_turns is not None else self.nrow + self.ncol,
             format_penalty=format_penalty,
             render_mode=render_mode,
+            feedback=feedback,
         )
         # Until the first reset: the fixed map, or an all-frozen board of the right size.
         n = self.size

@@ -98,6 +98,16 @@ def test_text_observation_is_short_board_with_player() -> None:
     assert env.render().splitlines()[0] == "S P F F"
 
 
+def test_feedback_false_observes_the_board_alone() -> None:
+    with_fb, without = FrozenLakeEnv(desc=MAPS["4x4"]), FrozenLakeEnv(desc=MAPS["4x4"], feedback=False)
+    assert with_fb.reset(seed=0)[0] == without.reset(seed=0)[0]  # the first observation is unchanged
+    for reply in ("<answer>Right</answer>", "no tag", "<answer>Down</answer>"):
+        a, b = with_fb.step(reply), without.step(reply)
+        assert a[1:] == b[1:]  # same dynamics, rewards and info
+        assert b[0]["text"] == without.board_text()
+        assert a[0]["text"] != b[0]["text"] and without.board_text() in a[0]["text"]
+
+
 def test_off_board_move_stays_in_place() -> None:
     env = FrozenLakeEnv(desc=MAPS["4x4"])
     env.reset(seed=0)

@@ -53,9 +53,12 @@ class SokobanEnv(MultiTurnEnv):
     Levels are generated procedurally per ``reset`` (``preset`` or ``size``/``num_boxes``),
     or taken from XSB: ``level`` (one level as a string) or ``levels_file`` (a collection;
     ``reset`` draws a level from its seed, or ``options={"level_index": i}`` picks one).
+    ``feedback=False``: observations after a step are the board alone (no move feedback or
+    turns left).
     """
 
     modality: ClassVar[str] = "text"
+    markov_state: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class SokobanEnv(MultiTurnEnv):
         levels_file: str | Path | None = None,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        feedback: bool = True,
         tile_size: int = 28,
         search_budget: int = 30_000,
     ) -> None:
@@ -97,7 +101,8 @@ class SokobanEnv(MultiTurnEnv):
             raise ValueError(
                 f"max_solution_moves={max_solution_moves} exceeds max_turns={max_turns}: levels could be unsolvable in time"
             )
-        super().__init__(max_turns=max_turns, format_penalty=format_penalty, render_mode=render_mode)
+        super().__init__(max_turns=max_turns, format_penalty=format_penalty, render_mode=render_mode,
+                         feedback=feedback)
         self.max_solution_moves = int(max_solution_moves)
         self.search_budget = int(search_budget)
         self.tile_size = int(tile_size)
