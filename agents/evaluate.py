@@ -1,13 +1,15 @@
 """Held-out evaluation of a policy on one task, and its CLI.
 
     python -m agents.evaluate --env freshper/FrozenLake-v0 [--model PATH] [--episodes 100]
-        [--seed 1900000000] [--greedy] [--context window:0] [--save DIR]
+        [--seed 1900000000] [--greedy] [--context window:0] [--kw KEY=VALUE ...] [--save DIR]
 
 Seed convention: held-out tasks use seeds from ``EVAL_SEED_OFFSET`` (1.9e9) on; ``train.py``
 draws training and warm-up seeds below it and evaluates from it too, so this CLI's default
 maps are the ones a run's evaluations used and were never trained on. Each evaluation
 episode is its own task seed (group size 1). Success is reported with a 95% Wilson interval,
-the mean return with a normal-approximation 95% interval.
+the mean return with a normal-approximation 95% interval. Task keyword arguments default to
+``train.py``'s (``agents.runner.default_env_kwargs``): a board task in ``window:0`` context is
+observed as the board alone, as in training.
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed (held-out seeds start at EVAL_SEED_OFFSET = 1900000000)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
+    parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",
+                        help="task keyword arguments, e.g. feedback=false (default: train.py's defaults for the task "
+                             "and context, so a trained checkpoint sees the prompts it was trained on)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
@@ -163,10 +168,14 @@ def main(argv: list[str] | None = None) -> int:
 
         model = str(build_tiny_model(spec.modality))
     policy = Policy.from_pretrained(model)
+    from agents.runner import default_env_kwargs
+    from envs.play import parse_kwargs
+
+    env_kwargs = parse_kwargs(args.kw) if args.kw is not None else default_env_kwargs(args.env, args.context)
     result = evaluate(policy, args.env, episodes=args.episodes, seed=args.seed, greedy=args.greedy,
-                      context=args.context, max_new_tokens=args.max_new_tokens,
+                      env_kwargs=env_kwargs, context=args.context, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, progress=True)
-    print(f"model {model}")
+    print(f"model {model}, task kwargs {env_kwargs}")
     print(result.table())
     if args.save:
         folder = Path(args.save)

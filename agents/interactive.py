@@ -2,7 +2,9 @@
 
 The player is stateless between turns (prompt = instructions + current observation, the
 ``window:0`` mode the tiny default trains with), so a human can take over for some turns and
-hand back control without the model's context going out of sync.
+hand back control without the model's context going out of sync. For a task whose board is
+its whole state (``markov_state``) the prompt holds the board alone, as ``train.py`` trains it
+(``agents.runner.default_env_kwargs``), while the human still reads the move feedback.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import numpy as np
 import torch
 
 from agents.policy import Policy
+from agents.runner import default_env_kwargs
 
 
 class ModelPlayer:
@@ -28,6 +31,7 @@ class ModelPlayer:
 
             model_path = str(build_tiny_model(task_spec(env_id).modality))
         self.policy = Policy.from_pretrained(model_path)
+        self.board_only = default_env_kwargs(env_id, "window:0").get("feedback") is False
         self.env_id = env_id
         self.greedy = greedy
         self.temperature = temperature
@@ -42,9 +46,11 @@ class ModelPlayer:
         self.instructions = info.get("instructions", "")
         self._first = True
 
-    def act(self, obs: dict) -> str:
-        """The model's reply to the current observation."""
-        text = obs["text"] if self._first or not self.instructions else f"{self.instructions}\n\n{obs['text']}"
+    def act(self, obs: dict, state_text: str | None = None) -> str:
+        """The model's reply to the current observation; ``state_text`` (the env's
+        ``state_text()``) replaces the observation text after the first turn of a board task."""
+        seen = state_text if self.board_only and state_text is not None else obs["text"]
+        text = obs["text"] if self._first or not self.instructions else f"{self.instructions}\n\n{seen}"
         self._first = False
         images = [np.asarray(obs["image"], dtype=np.uint8)] if self.policy.is_vision and "image" in obs else []
         prompt = self.policy.chat.first_message(text, images)

@@ -47,6 +47,27 @@ def parse_context(context: str) -> int | None:
     raise ValueError(f"context must be 'full' or 'window:k' with k >= 0, got {context!r}")
 
 
+def default_env_kwargs(env_id: str, context: str) -> dict[str, Any]:
+    """The task keyword arguments to play ``env_id`` with in ``context`` when none are given.
+
+    A ``window:0`` prompt is the instructions and the latest observation. For a task whose
+    board is its whole state (``markov_state``: FrozenLake, Sokoban) the move feedback and the
+    turns-left line add nothing the board does not show, and a shorter prompt is cheaper and
+    faster to learn from, so such tasks are observed as the board alone (``feedback=False``).
+    Training (``train.py``) and evaluation (``python -m agents.evaluate``) share this rule, so
+    a checkpoint is evaluated on the prompts it was trained on.
+    """
+    import envs
+
+    if context != "window:0":
+        return {}
+    env = envs.make(env_id)
+    try:
+        return {"feedback": False} if getattr(env.unwrapped, "markov_state", False) else {}
+    finally:
+        env.close()
+
+
 def _batch_retrieval() -> Callable[[Sequence[Any], Sequence[str]], int] | None:
     """``envs.search.batch_search`` where the search task imports: it sends every episode's
     search query of a turn to the retriever in one call and skips envs of other tasks."""

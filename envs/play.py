@@ -119,7 +119,7 @@ def play(
     _show(env, obs, out)
     turns, invalid, ret, success, quit_early, done = 0, 0, 0.0, False, False, False
     while not done:
-        proposal = player.act(obs) if player is not None else None
+        proposal = player.act(obs, env.unwrapped.state_text()) if player is not None else None
         if proposal is not None:
             out.write(f"model> {proposal}\n[Enter] accept, or type your own reply: ")
         else:

@@ -193,6 +193,29 @@ def test_model_player_proposes_a_reply_each_turn(cache, monkeypatch, text_policy
         obs, *_ = env.step(reply)
 
 
+def test_model_player_prompts_a_board_task_with_the_board_alone(cache, monkeypatch):
+    """A human playing with feedback on and the model seeing what train.py trained it on."""
+    from agents.interactive import ModelPlayer
+    import envs
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(cache))
+    env_id = "freshper/FrozenLake-v0"
+    player = ModelPlayer(None, env_id, max_new_tokens=6)
+    seen: list[str] = []
+    render = player.policy.chat.first_message
+    monkeypatch.setattr(player.policy.chat, "first_message", lambda text, images=(): seen.append(text) or render(text, images))
+    human, board_only = envs.make(env_id), envs.make(env_id, feedback=False)  # feedback=False: train.py's default
+    obs, info = human.reset(seed=4)
+    expected = [board_only.reset(seed=4)[0]["text"]]
+    player.reset(obs, info)
+    for reply in ("<answer>Up</answer>", "not a move", "<answer>Left</answer>"):  # the player stays on S
+        player.act(obs, human.unwrapped.state_text())
+        obs, *_ = human.step(reply)
+        expected.append(f"{info['instructions']}\n\n{board_only.step(reply)[0]['text']}")
+    player.act(obs, human.unwrapped.state_text())
+    assert seen == expected and "Turns left" in obs["text"]
+
+
 def test_bad_context_mode_is_a_clear_error(text_policy):
     with pytest.raises(ValueError, match="window:k"):
         Runner(text_policy, TEXT, context="window:-1")

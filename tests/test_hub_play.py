@@ -56,7 +56,7 @@ def test_model_player_proposes_and_enter_accepts(monkeypatch) -> None:
         def reset(self, obs, info):
             calls.append(("reset", info["turn"]))
 
-        def act(self, obs):
+        def act(self, obs, state_text=None):
             return "<answer>Right</answer>"
 
     monkeypatch.setitem(sys.modules, "agents.interactive", types.SimpleNamespace(ModelPlayer=FakePlayer))
