@@ -173,11 +173,16 @@ class FrozenLakeEnv(MultiTurnEnv):
         )
 
     def board_text(self) -> str:
-        """The board in the documented notation (``P`` over the player's cell)."""
+        """The board in the documented notation: one line per row, every cell preceded by a
+        space (``P`` over the player's cell), e.g. ``" P F H F"``.
+
+        The space before the first cell makes each cell kind one and the same token in
+        byte-level BPE vocabularies (``" F"`` whatever its column, where a bare ``"F"`` after
+        a newline would be another token), which makes the board easier to learn to read.
+        """
         rows = []
         for r, row in enumerate(self.desc):
-            cells = ["P" if (r, c) == self.pos else ch for c, ch in enumerate(row)]
-            rows.append(" ".join(cells))
+            rows.append("".join(" P" if (r, c) == self.pos else " " + ch for c, ch in enumerate(row)))
         return "\n".join(rows)
 
     def state_text(self) -> str:

@@ -90,12 +90,12 @@ def test_fixed_map_desc_and_map_name() -> None:
 def test_text_observation_is_short_board_with_player() -> None:
     env = FrozenLakeEnv(desc=MAPS["4x4"], render_mode="ansi")
     obs, info = env.reset(seed=0)
-    board = "P F F F\nF H F H\nF F F H\nH F F G"
+    board = " P F F F\n F H F H\n F F F H\n H F F G"  # every cell after a space: one token per cell kind
     assert obs["text"] == f"{info['instructions']}\n\n{board}"
     assert env.render() == board
     assert len(info["instructions"].split()) < 40 and info["instructions"].count(".") <= 3
     env.step("<answer>Right</answer>")
-    assert env.render().splitlines()[0] == "S P F F"
+    assert env.render().splitlines()[0] == " S P F F"
 
 
 def test_feedback_false_observes_the_board_alone() -> None:
