@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 
@@ -272,3 +274,93 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
             f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s")
     return {"evals": evals, "learned": learned, "reads_board": reads_board, "verdict": verdict, "text": text, "wall_seconds": wall,
             "iterations": state["iteration"], "episodes": state["episodes"]}
+
+
+# -- comparing runs ---------------------------------------------------------------------------
+def _finite_mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def compare_runs(groups: dict[str, list[str | os.PathLike]], out_path: str | os.PathLike | None = None,
+                 window: int = 20) -> str:
+    """Side by side: per labelled group of run folders (e.g. seeds of one setting), the final
+    held-out success and probe of every run and their mean, as a table; with ``out_path`` also a
+    plot of training success (moving mean over ``window`` iterations) against environment
+    episodes and against seconds of RL, one thin line per run and a thick one per group mean."""
+    table_rows, curves = [], {}
+    for label, dirs in groups.items():
+        finals, probes, per_run = [], [], []
+        for d in dirs:
+            d = Path(d)
+            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            final = summary["evals"].get("final", {})
+            finals.append(final.get("success", float("nan")))
+            probes.append(final.get("probe_safe_rate", float("nan")))
+            table_rows.append([label, d.name, summary["iterations"], summary["episodes"], f"{finals[-1]:.3f}",
+                               f"[{final.get('success_ci_low', float('nan')):.3f}, {final.get('success_ci_high', float('nan')):.3f}]",
+                               f"{probes[-1]:.2f}"])
+            train = [r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "train"]
+            success = np.array([r.get("success", np.nan) for r in train], dtype=float)
+            smooth = np.array([_finite_mean(success[max(0, i - window + 1): i + 1]) for i in range(len(success))])
+            per_run.append((np.array([r["episodes"] for r in train], dtype=float),
+                            np.array([r.get("time_total_s", np.nan) for r in train], dtype=float), smooth))
+        table_rows.append([label, "mean", "", "", f"{_finite_mean(finals):.3f}", "", f"{_finite_mean(probes):.2f}"])
+        curves[label] = per_run
+    text = format_table(["setting", "run", "iterations", "episodes", "final success", "95% CI", "probe"], table_rows)
+    if out_path is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for k, (label, per_run) in enumerate(curves.items()):
+            color = f"C{k}"
+            for col, ax in ((0, axes[0]), (1, axes[1])):
+                for run in per_run:
+                    ax.plot(run[col], run[2], color=color, alpha=0.25, lw=0.8)
+                if per_run:  # the group mean on a common grid, up to where every run has data
+                    end = min(run[col][-1] for run in per_run)
+                    grid = np.linspace(0, end, 200)
+                    mean = np.mean([np.interp(grid, run[col], run[2]) for run in per_run], axis=0)
+                    ax.plot(grid, mean, color=color, lw=2.2, label=f"{label} (mean of {len(per_run)})")
+        for ax, xlabel in zip(axes, ("environment episodes", "seconds of RL")):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(f"training success (mean of last {window} iterations)")
+            ax.set_ylim(-0.02, 1.0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_path, dpi=110)
+        plt.close(fig)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m learner.report", description="Compare training runs side by side.")
+    parser.add_argument("groups", nargs="+", metavar="LABEL=RUN[,RUN...]",
+                        help="a label and its run folders, e.g. none=runs/a,runs/b fresh=runs/c,runs/d")
+    parser.add_argument("--out", default=None, help="write the comparison plot here (PNG)")
+    parser.add_argument("--window", type=int, default=20, help="moving-mean window of the training curves, in iterations")
+    args = parser.parse_args(argv)
+    groups: dict[str, list[str]] = {}
+    for item in args.groups:
+        label, sep, runs = item.partition("=")
+        if not sep or not runs:
+            parser.error(f"expected LABEL=RUN[,RUN...], got {item!r}")
+        groups[label] = runs.split(",")
+    try:
+        print(compare_runs(groups, args.out, args.window))
+    except FileNotFoundError as exc:
+        print(f"error: {exc} (is it a finished run folder with summary.json?)")
+        return 2
+    if args.out:
+        print(f"plot: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
