@@ -22,7 +22,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -74,8 +74,8 @@ class Config:
     # -- task and model --------------------------------------------------------------------
     env_id: str = "freshper/FrozenLake-v0"
     """registered task id (python -m envs list)"""
-    env_kwargs: dict = field(default_factory=dict)
-    """keyword arguments of the task (JSON on the command line)"""
+    env_kwargs: dict | None = None
+    """keyword arguments of the task (JSON on the command line); default: {"feedback": false} for tasks whose board is their whole state (FrozenLake, Sokoban) in window:0 context, else {}"""
     context: str = "window:0"
     """prompt context: 'full' (whole conversation) or 'window:k' (instructions + last k turns)"""
     model: str | None = None
@@ -89,12 +89,12 @@ class Config:
 
     # -- format warm-up (supervised, reply format only) -------------------------------------
     warmup_seconds: float | None = None
-    """time cap of the format warm-up on scripted random legal replies; default 90 s for the tiny model, 0 with --model"""
-    warmup_steps: int | None = 40
+    """time cap of the format warm-up on scripted random legal replies; default 120 s for the tiny model, 0 with --model"""
+    warmup_steps: int | None = 300
     """warm-up optimizer steps (the warm-up ends at whichever of steps/seconds comes first)"""
     warmup_lr: float = 3e-3
     """learning rate of the warm-up"""
-    warmup_tasks: int = 1
+    warmup_tasks: int = 4
     """maps per warm-up step (scripted episodes: warmup_tasks x group_size)"""
 
     # -- rollouts and the RL schedule -------------------------------------------------------
@@ -457,9 +457,11 @@ def train(cfg: Config) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from agents.policy import Policy, configure_threads
-    from agents.runner import Runner
+    from agents.runner import Runner, default_env_kwargs
 
     validate(cfg)
+    if cfg.env_kwargs is None:
+        cfg.env_kwargs = default_env_kwargs(cfg.env_id, cfg.context)
     configure_threads(cfg.threads)
     update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
     wall_start = time.monotonic()
@@ -498,7 +500,7 @@ def train(cfg: Config) -> dict[str, Any]:
         else:
             model_path = Path(cfg.model)
         policy = Policy.from_pretrained(model_path, device=cfg.device)
-        warm_seconds = cfg.warmup_seconds if cfg.warmup_seconds is not None else (90.0 if cfg.model is None else 0.0)
+        warm_seconds = cfg.warmup_seconds if cfg.warmup_seconds is not None else (120.0 if cfg.model is None else 0.0)
         start = {"iteration": 0, "episodes": 0}
         if warm_seconds > 0 and cfg.warmup_steps != 0:
             evaluate_phase(policy, cfg, metrics, run_dir, "initial", cfg.initial_eval_episodes, start, evals, False)

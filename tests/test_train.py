@@ -14,9 +14,11 @@ import torch
 import yaml
 
 import train
+from agents.record import load_records
+from agents.runner import default_env_kwargs
 from learner.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
 from learner.loss import LossConfig
-from learner.report import read_metrics
+from learner.report import compare_runs, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,6 +84,14 @@ def test_unknown_yaml_key_and_bad_values_are_clear_errors(tmp_path: Path) -> Non
 def test_shipped_configs_load(path: Path) -> None:
     cfg = train.parse_config(["--config", str(path)])
     assert cfg.env_id.startswith("freshper/")
+
+
+def test_board_tasks_in_window0_default_to_the_board_alone() -> None:
+    assert default_env_kwargs("freshper/FrozenLake-v0", "window:0") == {"feedback": False}
+    assert default_env_kwargs("freshper/Sokoban-v0", "window:0") == {"feedback": False}
+    assert default_env_kwargs("freshper/FrozenLake-v0", "window:2") == {}  # feedback is history there
+    assert default_env_kwargs("freshper/FrozenLake-v0", "full") == {}
+    assert default_env_kwargs("freshper/SearchQA-v0", "window:0") == {}  # its feedback is the retrieval
 
 
 # -- updates on real records --------------------------------------------------------------------
@@ -157,10 +167,21 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert rows_whole == rows_split
     wa, wb = _weights(list_checkpoints(whole / "checkpoints")[-1]), _weights(list_checkpoints(split / "checkpoints")[-1])
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # The default FrozenLake run observes the board alone after a move (window:0, markov_state).
+    assert yaml.safe_load((whole / "config.yaml").read_text())["env_kwargs"] == {"feedback": False}
+    later_turns = [t.observation for r in load_records(whole / "eval" / "final") for t in r.turns[1:]]
+    assert later_turns and not any("Turns left" in o or "You moved" in o for o in later_turns)
     # The run's outputs are all there.
     for name in ("config.yaml", "metrics.jsonl", "curves.png", "summary.json", "eval/final/records.jsonl"):
         assert (whole / name).exists(), name
     assert any(r["kind"] == "train" and "ess/age_1-2" in r for r in read_metrics(whole / "metrics.jsonl"))
+    # Side-by-side comparison of finished runs (python -m learner.report).
+    final = json.loads((whole / "summary.json").read_text())["evals"]["final"]["success"]
+    text = compare_runs({"a": [whole], "b": [whole, split]}, tmp_path / "cmp.png", window=2)
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["setting", "run", "iterations"] and len(lines) == 2 + 2 + 3
+    assert f"{final:.3f}" in lines[2] and lines[3].split()[:2] == ["a", "mean"]
+    assert (tmp_path / "cmp.png").stat().st_size > 10_000
 
 
 def test_image_task_trains_end_to_end_with_replay(tmp_path: Path) -> None:
