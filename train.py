@@ -50,7 +50,7 @@ TRAIN_SEED_BLOCK = 100_000_000  # per run seed: training task seeds are seed * B
 WARMUP_SEED_BASE = 1_500_000_000
 EVAL_SEED_BASE = EVAL_SEED_OFFSET  # held-out maps: the same seeds as python -m agents.evaluate
 #: RL seconds of the default run (`python train.py`): the whole run stays under 10 min on 2 CPUs.
-DEFAULT_TIME_BUDGET = 360.0
+DEFAULT_TIME_BUDGET = 300.0
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Config:
 
     # -- format warm-up (supervised, reply format only) -------------------------------------
     warmup_seconds: float | None = None
-    """time cap of the format warm-up on scripted random legal replies; default 120 s for the tiny model, 0 with --model"""
+    """time cap of the format warm-up on scripted random legal replies; default 100 s for the tiny model, 0 with --model"""
     warmup_steps: int | None = 300
     """warm-up optimizer steps (the warm-up ends at whichever of steps/seconds comes first)"""
     warmup_lr: float = 3e-3
@@ -105,7 +105,7 @@ class Config:
     iterations: int | None = None
     """stop after this many iterations"""
     time_budget: float | None = None
-    """stop the RL phase after this many seconds; if neither this nor --iterations is set: 360"""
+    """stop the RL phase after this many seconds; if neither this nor --iterations is set: 300"""
 
     # -- the loss --------------------------------------------------------------------------
     loss: str = "clip"
@@ -500,7 +500,7 @@ def train(cfg: Config) -> dict[str, Any]:
         else:
             model_path = Path(cfg.model)
         policy = Policy.from_pretrained(model_path, device=cfg.device)
-        warm_seconds = cfg.warmup_seconds if cfg.warmup_seconds is not None else (120.0 if cfg.model is None else 0.0)
+        warm_seconds = cfg.warmup_seconds if cfg.warmup_seconds is not None else (100.0 if cfg.model is None else 0.0)
         start = {"iteration": 0, "episodes": 0}
         if warm_seconds > 0 and cfg.warmup_steps != 0:
             evaluate_phase(policy, cfg, metrics, run_dir, "initial", cfg.initial_eval_episodes, start, evals, False)
