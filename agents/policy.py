@@ -98,6 +98,7 @@ class Policy:
         self._wants_mm_types = "mm_token_type_ids" in forward_params
         # transformers >= 5.x calls the KV cache argument ``cache`` (``past_key_values`` before).
         self._cache_arg = "cache" if "cache" in forward_params else "past_key_values"
+        self._takes_logits_to_keep = "logits_to_keep" in forward_params
         vocab_ids = tokenizer.get_vocab()
         self._image_token_id = vocab_ids.get("<|image_pad|>")
         self._video_token_id = vocab_ids.get("<|video_pad|>")

@@ -260,15 +260,14 @@ def decode_rows(
         tokens[row, step] = tok
         lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)
         done = tok == policy.eos_token_id
-        if step + 1 == max_new_tokens:
+        last = step + 1 == max_new_tokens
+        if last or bool(done.any()):
             lengths[row[done]] = step + 1
-            if on_finished is not None:
-                on_finished(torch.arange(len(row), device=device), row, mask, tokens, step)
-            break
-        if bool(done.any()):
-            lengths[row[done]] = step + 1
-            if on_finished is not None:
-                on_finished(done.nonzero().squeeze(-1), row, mask, tokens, step)
+            if on_finished is not None:  # at the last step every remaining row finishes
+                finished = torch.arange(len(row), device=device) if last else done.nonzero().squeeze(-1)
+                on_finished(finished, row, mask, tokens, step)
+            if last:
+                break
             keep = (~done).nonzero().squeeze(-1)
             if keep.numel() == 0:
                 break

@@ -20,7 +20,6 @@ an approximation. Text models only; vision batches take the ordinary full forwar
 
 from __future__ import annotations
 
-import inspect
 from typing import Sequence
 
 import numpy as np
@@ -82,8 +81,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         return policy.token_logprobs(samples, images if images is not None else [[] for _ in samples],
                                      temperature=temperature)
     model, device = policy.model, policy.device
-    cache_arg = policy._cache_arg
-    params = inspect.signature(model.forward).parameters
+    cache_arg, logits_to_keep = policy._cache_arg, policy._takes_logits_to_keep
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
     b = len(ids)
     t_max = max(len(x) for x in ids)
@@ -97,7 +95,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     cache = None
     if head_len >= MIN_PREFIX:
         head = torch.as_tensor(unique[0][:head_len], device=device)[None]
-        kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        kw = {"logits_to_keep": 1} if logits_to_keep else {}
         cache = getattr(model(input_ids=head, use_cache=True, **kw), cache_arg)
         if u > 1:
             cache.batch_repeat_interleave(u)
@@ -115,7 +113,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     last = torch.as_tensor([n - head_len - 1 for n in ulen], dtype=torch.long)
     positions = torch.arange(head_len, head_len + rest, device=device)
     kw = {}
-    if "logits_to_keep" in params:
+    if logits_to_keep:
         keep = torch.unique(last)  # sorted distinct positions: only these go through the LM head
         kw["logits_to_keep"] = keep.to(device)
         last = torch.searchsorted(keep, last)

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from agents.evaluate import wilson_interval
+
 logger = logging.getLogger(__name__)
 
 
@@ -76,17 +78,6 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return out
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate (well-behaved at 0 and 1, unlike Wald)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def intervals_disjoint(a: tuple[float, float], b: tuple[float, float]) -> bool:

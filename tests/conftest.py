@@ -49,6 +49,27 @@ def build_tiny_qwen25vl(folder: Path, **generation_config) -> Path:
     return folder
 
 
+def with_logit_bias(policy, biases: dict[int, float], name: str = "biased"):
+    """A copy of ``policy`` whose LM head adds ``biases[token_id]`` to those tokens' logits
+    (e.g. an EOS bias, so rows of a batch finish at different steps)."""
+    import copy
+
+    import torch
+
+    from agents.policy import Policy
+
+    model = copy.deepcopy(policy.model)
+    old = model.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        for token, bias in biases.items():
+            head.bias[token] = bias
+    model.lm_head = head
+    return Policy(model, policy.tokenizer, policy.processor, name=name)
+
+
 @pytest.fixture(scope="module")
 def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Point ``FRESHPER_CACHE`` at a temporary folder, so generated corpora, indices and tiny

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ pytest.importorskip("transformers")
 from agents.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
 from agents.tiny import build_tiny_model  # noqa: E402
+from conftest import with_logit_bias  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +23,7 @@ def text_policy(tmp_path_factory):
 @pytest.fixture(scope="module")
 def eos_prone_policy(text_policy):
     """The tiny model with an EOS logit bias, so rows finish at different steps."""
-    model = copy.deepcopy(text_policy.model)
-    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        head.bias[text_policy.eos_token_id] = 5.5
-    model.lm_head = head
-    return Policy(model, text_policy.tokenizer, name="eos-prone")
+    return with_logit_bias(text_policy, {text_policy.eos_token_id: 5.5}, name="eos-prone")
 
 
 def _prompts(policy: Policy) -> list[list[int]]:

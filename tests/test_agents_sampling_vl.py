@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from agents import sampling_vl  # noqa: E402
 from agents.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
 from agents.tiny import build_tiny_model  # noqa: E402
-from conftest import build_tiny_qwen25vl  # noqa: E402
+from conftest import build_tiny_qwen25vl, with_logit_bias  # noqa: E402
 
 VISION = "freshper/FrozenLakeVision-v0"
 
@@ -29,16 +28,8 @@ def vision_policy(tmp_path_factory):
 def eos_prone_policy(vision_policy):
     """The tiny VLM with an EOS logit bias (rows finish at different steps) and a large
     ``<|image_pad|>`` bias (which must still never be sampled)."""
-    model = copy.deepcopy(vision_policy.model)
-    old = model.lm_head
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(old.weight)
-        head.bias.zero_()
-        head.bias[vision_policy.eos_token_id] = 4.0
-        head.bias[vision_policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")] = 20.0
-    model.lm_head = head
-    return Policy(model, vision_policy.tokenizer, vision_policy.processor, name="eos-prone")
+    image_pad = vision_policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return with_logit_bias(vision_policy, {vision_policy.eos_token_id: 4.0, image_pad: 20.0}, name="eos-prone")
 
 
 @pytest.fixture(scope="module")
