@@ -15,14 +15,24 @@ token, as the processor would, so ``token_ids`` hold the expanded form the model
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from envs.base import IMAGE_PLACEHOLDER
 
-if TYPE_CHECKING:
-    from agents.policy import Policy
+
+class RenderingModel(Protocol):
+    """What rendering needs of a policy (:class:`agents.policy.Policy` is one)."""
+
+    tokenizer: Any
+    processor: Any  # None for text models
+    name: str
+    eos_token_id: int
+    is_vision: bool
+
+    def prepare_image(self, image: np.ndarray) -> Any:
+        """The image as the processor sees it."""
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +44,7 @@ _MAX_CACHED_MESSAGES = 4096
 class ChatRenderer:
     """Renders user messages to ids for one policy (tokenizer, template, image processor)."""
 
-    def __init__(self, policy: "Policy") -> None:
+    def __init__(self, policy: RenderingModel) -> None:
         self.policy = policy
         self.tokenizer = policy.tokenizer
         owner = policy.processor if policy.processor is not None else policy.tokenizer

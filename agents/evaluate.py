@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from agents.policy import Policy, configure_threads
-from agents.record import Trajectory, save_records
+from agents.record import Trajectory, episode_stats, save_records
 from agents.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -95,32 +95,37 @@ def evaluate(
     max_context_tokens: int = 2048,
     batch_size: int = 64,
     progress: bool = False,
+    runner: Runner | None = None,
 ) -> EvalResult:
-    """Play ``episodes`` episodes on seeds ``seed, seed+1, ...`` and summarise them."""
-    runner = Runner(policy, env_id, env_kwargs=env_kwargs, group_size=1, context=context,
-                    max_new_tokens=max_new_tokens, temperature=temperature,
-                    max_context_tokens=max_context_tokens, seed=seed)
+    """Play ``episodes`` episodes on seeds ``seed, seed+1, ...`` and summarise them.
+
+    ``runner`` (group size 1) plays them instead of a new one (a trainer keeps one for all its
+    evaluations); the task and rollout arguments are then the runner's. Failed episodes (an
+    infrastructure fault) are reported in ``stats["failed"]`` and left out of the rates.
+    """
+    own = runner is None
+    if runner is None:
+        runner = Runner(policy, env_id, env_kwargs=env_kwargs, group_size=1, context=context,
+                        max_new_tokens=max_new_tokens, temperature=temperature,
+                        max_context_tokens=max_context_tokens, seed=seed)
     records: list[Trajectory] = []
     seeds = list(range(seed, seed + episodes))
-    stats: dict[str, Any] = {}
     try:
         for start in range(0, len(seeds), batch_size):
-            recs, st = runner.collect(seeds[start:start + batch_size], policy_version=-1, greedy=greedy,
-                                      progress=progress)
+            recs, _ = runner.collect(seeds[start:start + batch_size], policy_version=-1, greedy=greedy,
+                                     progress=progress, rng_seed=seed + start)
             records += recs
-            for k, v in st.items():
-                stats[k] = stats.get(k, 0) + v
     finally:
-        runner.close()
-    n = len(records)
-    turns = sum(r.num_turns for r in records)
-    invalid = sum(not t.action_is_valid for r in records for t in r.turns)
-    returns = [r.episode_return for r in records]
-    wins = sum(r.success for r in records)
+        if own:
+            runner.close()
+    stats = episode_stats(records)
+    good = [r for r in records if not r.failed]
+    wins = sum(r.success for r in good)
     return EvalResult(
-        env_id=env_id, episodes=n, success_rate=wins / max(1, n), success_ci=wilson_interval(wins, n),
-        mean_return=float(np.mean(returns)) if returns else 0.0, return_ci=mean_interval(returns),
-        invalid_reply_rate=invalid / max(1, turns), mean_turns=turns / max(1, n), records=records, stats=stats,
+        env_id=runner.env_id, episodes=len(good), success_rate=stats["success_rate"],
+        success_ci=wilson_interval(wins, len(good)), mean_return=stats["mean_return"],
+        return_ci=mean_interval([r.episode_return for r in good]), invalid_reply_rate=stats["invalid_reply_rate"],
+        mean_turns=stats["mean_turns"], records=records, stats=stats,
     )
 
 

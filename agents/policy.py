@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -32,22 +31,12 @@ import torch
 
 from agents import sampling_vl
 from agents.chat import ChatRenderer
-from agents.record import Sample
+from agents.record import Generation, Sample
 from agents.sampling import TurnKVCache, sample_text
 
 logger = logging.getLogger(__name__)
 
 _VISION_SPECIALS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-
-
-@dataclass
-class Generation:
-    """What one prompt produced: sampled ids (ending with EOS unless cut by the length limit)
-    and their behaviour log-probs."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finished: bool  # ended with EOS (False: hit max_new_tokens)
 
 
 def configure_threads(num_threads: int | None = None) -> int:
@@ -96,12 +85,13 @@ class Policy:
 
         forward_params = inspect.signature(model.forward).parameters
         self._wants_mm_types = "mm_token_type_ids" in forward_params
-        # transformers >= 5.x calls the KV cache argument ``cache`` (``past_key_values`` before).
-        self._cache_arg = "cache" if "cache" in forward_params else "past_key_values"
-        self._takes_logits_to_keep = "logits_to_keep" in forward_params
+        #: The model's KV-cache keyword: ``cache`` in transformers >= 5.x, ``past_key_values`` before.
+        self.cache_arg: str = "cache" if "cache" in forward_params else "past_key_values"
+        #: Whether ``forward`` takes ``logits_to_keep`` (only some positions through the LM head).
+        self.takes_logits_to_keep: bool = "logits_to_keep" in forward_params
         vocab_ids = tokenizer.get_vocab()
-        self._image_token_id = vocab_ids.get("<|image_pad|>")
-        self._video_token_id = vocab_ids.get("<|video_pad|>")
+        self.image_token_id: int | None = vocab_ids.get("<|image_pad|>")
+        self.video_token_id: int | None = vocab_ids.get("<|video_pad|>")
         self.chat = ChatRenderer(self)
 
     # -- loading and saving ---------------------------------------------------------------
@@ -194,28 +184,43 @@ class Policy:
             "image_grid_thw": out["image_grid_thw"].to(self.device),
         }
 
+    def token_types(self, ids: torch.Tensor) -> torch.Tensor:
+        """Per token: 1 image pad, 2 video pad, 0 text (the multimodal rope's token types)."""
+        types = torch.zeros_like(ids)
+        if self.image_token_id is not None:
+            types[ids == self.image_token_id] = 1
+        if self.video_token_id is not None:
+            types[ids == self.video_token_id] = 2
+        return types
+
     def _mm_types(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``mm_token_type_ids`` (1 image, 2 video, 0 text) for transformers versions that want it."""
+        """``mm_token_type_ids`` for transformers versions whose VLM forward wants it."""
         if not (self.is_vision and self._wants_mm_types):
             return {}
-        types = torch.zeros_like(ids)
-        if self._image_token_id is not None:
-            types[ids == self._image_token_id] = 1
-        if self._video_token_id is not None:
-            types[ids == self._video_token_id] = 2
-        return {"mm_token_type_ids": types}
+        return {"mm_token_type_ids": self.token_types(ids)}
 
     # -- log-probs -----------------------------------------------------------------------
-    def _logprobs_of(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``log_softmax(logits / T)[target]`` with suppressed tokens removed; logits [..., V]."""
-        logits = logits.float() / temperature
+    def scaled_logits(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``logits / T`` in fp32 with the suppressed (vision special) tokens at -inf: the
+        sampling distribution is ``softmax`` of this, and every log-prob is taken from it."""
+        logits = logits.float() / temperature  # a new tensor: masking it in place is safe for autograd
         if self.suppressed_ids:
-            logits = logits.clone()
             logits[..., self.suppressed_ids] = float("-inf")
-        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        out = picked - torch.logsumexp(logits, dim=-1)
+        return logits
+
+    def sampling_logprobs(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log_softmax(logits / T)`` over the sampleable tokens; logits [..., V]."""
+        return torch.log_softmax(self.scaled_logits(logits, temperature), dim=-1)
+
+    def logprobs_of(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log_softmax(logits / T)[target]``, differentiable; logits [..., V], targets [...].
+
+        Suppressed targets (prompt image pads, never sampled) report 0, not -inf, so a mask of
+        0 on them cannot turn into NaN.
+        """
+        scaled = self.scaled_logits(logits, temperature)
+        out = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
         if self.suppressed_ids:
-            # Prompt image tokens are never sampled: report 0, not -inf (-inf * mask 0 is NaN).
             out = torch.where(torch.isfinite(out), out, torch.zeros_like(out))
         return out
 
@@ -251,7 +256,7 @@ class Policy:
                 raise ValueError(f"samples reference {n_needed} images but {len(flat)} were given")
             kwargs = {**self.vision_inputs(flat), **self._mm_types(ids)}
         logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
-        lp = self._logprobs_of(logits[:, :-1], ids[:, 1:], temperature) * mask[:, 1:]
+        lp = self.logprobs_of(logits[:, :-1], ids[:, 1:], temperature) * mask[:, 1:]
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
     # -- sampling ------------------------------------------------------------------------
@@ -285,13 +290,6 @@ class Policy:
                                              temperature=temperature, greedy=greedy)
         return self._generate_hf(prompts, images, max_new_tokens=max_new_tokens, temperature=temperature,
                                  greedy=greedy)
-
-    def _sampling_logprobs(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``log_softmax(logits / T)`` in fp32 over the sampleable tokens; logits [N, V]."""
-        logits = logits.float() / temperature
-        if self.suppressed_ids:
-            logits[:, self.suppressed_ids] = float("-inf")
-        return torch.log_softmax(logits, dim=-1)
 
     def _generate_hf(
         self,
@@ -344,7 +342,7 @@ class Policy:
             self.model.train(was_training)
         new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1)  # [B, S, V] raw (before processors)
-        lps = self._logprobs_of(logits, new, temperature).cpu().tolist()
+        lps = self.logprobs_of(logits, new, temperature).cpu().tolist()
         new = new.cpu().tolist()
         results = []
         for row, lp in zip(new, lps):

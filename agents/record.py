@@ -26,7 +26,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-RECORD_FORMAT_VERSION = 1
+RECORD_FORMAT_VERSION = 2  # 2: per-sample advantages
+#: Versions this code reads (1 has no per-sample advantages).
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -48,6 +50,9 @@ class Sample:
     loss_mask: np.ndarray  # int8 [T], 1 on sampled tokens
     behavior_logprobs: np.ndarray  # float32 [T], 0 where loss_mask == 0
     image_ids: list[int] = field(default_factory=list)
+    #: This sample's own advantage (turn-level credit, e.g. ``--advantage gigpo``); None: the
+    #: trajectory's episode advantage applies to it.
+    advantage: float | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
@@ -66,8 +71,18 @@ class Sample:
 
 
 @dataclass
+class Generation:
+    """What one prompt produced in a sampler: sampled ids (ending with EOS unless cut by the
+    length limit) and their behaviour log-probs, taken at sampling time."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool  # ended with EOS (False: hit max_new_tokens)
+
+
+@dataclass
 class Trajectory:
-    """A whole episode as the learner needs it (see DESIGN.md, "The trajectory record")."""
+    """A whole episode as the learner needs it (docs/design.md, "The trajectory record")."""
 
     env_id: str
     seed: int
@@ -104,6 +119,7 @@ class Trajectory:
                 # float32 -> float64 -> JSON repr is exact, and back to float32 is lossless.
                 "behavior_logprobs": s.behavior_logprobs.astype(np.float64).tolist(),
                 "image_ids": list(s.image_ids),
+                "advantage": s.advantage,
             }
             for s in self.samples
         ]
@@ -114,7 +130,7 @@ class Trajectory:
     @classmethod
     def _from_meta(cls, meta: dict[str, Any], images: list[np.ndarray]) -> "Trajectory":
         version = meta.pop("format_version", None)
-        if version != RECORD_FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ValueError(f"unsupported record format version {version!r}")
         meta.pop("num_images", None)
         meta["turns"] = [Turn(**t) for t in meta["turns"]]
@@ -204,6 +220,28 @@ def load_records(folder: str | os.PathLike) -> list[Trajectory]:
     return out
 
 
+def episode_stats(records: Sequence[Trajectory]) -> dict[str, float]:
+    """What a batch of episodes achieved, in the numbers every phase logs.
+
+    Failed episodes (an infrastructure fault, e.g. retrieval down) are counted in ``failed``
+    and left out of the rest: they say nothing about the policy.
+    """
+    good = [r for r in records if not r.failed]
+    turns = sum(r.num_turns for r in good)
+    n = max(1, len(good))
+    return {
+        "episodes": len(records),
+        "failed": len(records) - len(good),
+        "success_rate": sum(r.success for r in good) / n,
+        "mean_return": float(np.mean([r.episode_return for r in good])) if good else 0.0,
+        "invalid_reply_rate": sum(not t.action_is_valid for r in good for t in r.turns) / max(1, turns),
+        "mean_turns": turns / n,
+        "turns": turns,
+        "truncated": sum(r.truncated for r in good),
+        "sampled_tokens": sum(r.num_sampled_tokens for r in good),
+    }
+
+
 def group_advantages(returns: Sequence[float], eps: float = 1e-6) -> np.ndarray:
     """GRPO advantage ``(R - mean_g) / (std_g + eps)`` over one group of rollouts.
 
@@ -231,3 +269,39 @@ def assign_group_advantages(records: Sequence[Trajectory], eps: float = 1e-6) ->
         adv = group_advantages([m.episode_return for m in members], eps)
         for m, a in zip(members, adv):
             m.advantage = float(a)
+
+
+def assign_step_advantages(records: Sequence[Trajectory], gamma: float = 0.95, weight: float = 1.0,
+                           eps: float = 1e-6) -> None:
+    """Turn-level credit (GiGPO-style): set ``Sample.advantage`` of every turn to the episode
+    advantage plus ``weight`` times a step advantage.
+
+    A turn's step return is its discounted return-to-go ``sum_k gamma^k r_{t+k}``. Turns of one
+    group (the G rollouts of a task) that observed the identical state (same observation text
+    and image) form an anchor group; the step advantage is the step return normalised within
+    its anchor group, ``(R_t - mean) / (std + eps)``, and 0 for a state seen once or where all
+    step returns agree. Needs one sample per turn (``window:k`` records); failed records keep
+    their advantage of 0. Records are changed in place.
+    """
+    anchors: dict[tuple, list[tuple[Sample, float]]] = {}
+    for rec in records:
+        if rec.failed:
+            continue
+        if len(rec.samples) != len(rec.turns):
+            raise ValueError("turn-level advantages need one sample per turn (a window:k context)")
+        rewards = [t.reward for t in rec.turns]
+        to_go, acc = [0.0] * len(rewards), 0.0
+        for j in range(len(rewards) - 1, -1, -1):
+            acc = rewards[j] + gamma * acc
+            to_go[j] = acc
+        for turn, sample, ret in zip(rec.turns, rec.samples, to_go):
+            image = rec.images[turn.image_index].tobytes() if turn.image_index is not None else b""
+            key = (rec.group_id, turn.observation, image)
+            anchors.setdefault(key, []).append((sample, ret))
+    for rec in records:
+        for sample in rec.samples:
+            sample.advantage = float(rec.advantage)
+    for members in anchors.values():
+        step = group_advantages([ret for _, ret in members], eps)
+        for (sample, _), a in zip(members, step):
+            sample.advantage += weight * float(a)

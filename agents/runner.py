@@ -3,7 +3,7 @@
 Each episode keeps its token view as pieces that are only ever appended to: the ids of each
 user message rendered alone (:mod:`agents.chat`) and the ids the model sampled. A prompt is a
 concatenation of those pieces, so nothing is re-tokenized and the learner trains on exactly the
-sampled ids. Context modes (DESIGN.md, "Context modes"):
+sampled ids. Context modes (docs/design.md, "Context modes"):
 
 - ``full``: one growing sequence per episode, stored as one :class:`~agents.record.Sample`;
 - ``window:k``: each turn's prompt is the instructions plus the last k turns (k = 0: the
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from agents.policy import Policy
-from agents.record import Sample, Trajectory, Turn, assign_group_advantages
+from agents.record import Sample, Trajectory, Turn, assign_group_advantages, episode_stats
 from agents.sampling import TurnKVCache
 
 logger = logging.getLogger(__name__)
@@ -68,14 +68,40 @@ def default_env_kwargs(env_id: str, context: str) -> dict[str, Any]:
         env.close()
 
 
-def _batch_retrieval() -> Callable[[Sequence[Any], Sequence[str]], int] | None:
-    """``envs.search.batch_search`` where the search task imports: it sends every episode's
-    search query of a turn to the retriever in one call and skips envs of other tasks."""
-    try:
-        from envs.search import batch_search
-    except ImportError:
-        return None
-    return batch_search
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How episodes are played: one value shared by every phase of a run (pretraining
+    prompts, collection, evaluation), so they all see the same prompts."""
+
+    env_id: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    context: str = "window:0"
+    group_size: int = 8
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    max_context_tokens: int = 2048
+
+    def runner(self, policy: Policy, *, seed: int = 0, group_size: int | None = None) -> "Runner":
+        """A runner playing these settings (``group_size`` overrides G, e.g. 1 for evaluation)."""
+        cfg = self if group_size is None else replace(self, group_size=group_size)
+        return Runner(policy, cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=cfg.group_size, context=cfg.context,
+                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                      max_context_tokens=cfg.max_context_tokens, seed=seed)
+
+
+def before_batch_step(envs: Sequence[Any], replies: Sequence[str]) -> None:
+    """Give each task class the envs of a turn about to be stepped, with their replies, in one
+    call (``MultiTurnEnv.before_batch_step``: e.g. search sends one retrieval request)."""
+    groups: dict[type, tuple[list[Any], list[str]]] = {}
+    for env, reply in zip(envs, replies):
+        inner = env.unwrapped
+        hook = getattr(type(inner), "before_batch_step", None)
+        if hook is not None:
+            pair = groups.setdefault(type(inner), ([], []))
+            pair[0].append(inner)
+            pair[1].append(reply)
+    for cls, (members, texts) in groups.items():
+        cls.before_batch_step(members, texts)
 
 
 @dataclass
@@ -132,7 +158,6 @@ class Runner:
         self.max_context_tokens = int(max_context_tokens)
         self.seed = int(seed)
         self._envs: list[Any] = []
-        self._batch_search = _batch_retrieval()
         self._calls = 0
         self._next_group = 0
         if self.group_size < 1:
@@ -151,23 +176,27 @@ class Runner:
         self._envs.clear()
 
     # -- prompts -------------------------------------------------------------------------
-    def _history(self, ep: _Episode, start: int, t: int) -> tuple[list[int], list[int]]:
-        """Ids and image indices of the replies of turns ``start..t-1``, each followed by the
-        next user message (rendered as a continuation)."""
+    def _history(self, ep: _Episode, start: int, t: int) -> tuple[list[int], list[int], list[int], list[float]]:
+        """The replies of turns ``start..t-1``, each followed by the next user message (rendered
+        as a continuation): ids, image indices, loss mask (1 on sampled ids) and log-probs."""
         ids: list[int] = []
         imgs: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
         eos = self.policy.eos_token_id
         for j in range(start, t):
-            ids += ep.reply_ids[j] + ([] if ep.reply_closed[j] else [eos])
-            ids += ep.user_ids[j + 1]
+            between = ([] if ep.reply_closed[j] else [eos]) + ep.user_ids[j + 1]
+            ids += ep.reply_ids[j] + between
+            mask += [1] * len(ep.reply_ids[j]) + [0] * len(between)
+            lps += ep.reply_lps[j] + [0.0] * len(between)
             imgs += ep.user_imgs[j + 1]
-        return ids, imgs
+        return ids, imgs, mask, lps
 
     def _prompt(self, ep: _Episode) -> tuple[list[int], list[int]]:
         """Prompt ids and the image indices they reference, for the current turn."""
         t = len(ep.turns)
         if self.window is None or t <= self.window:
-            ids, imgs = self._history(ep, 0, t)
+            ids, imgs, _, _ = self._history(ep, 0, t)
             return ep.user_ids[0] + ids, ep.user_imgs[0] + imgs
         start = t - self.window
         observation = ep.obs["text"] if start == t else ep.turns[start].observation
@@ -175,7 +204,7 @@ class Runner:
         head = self.policy.chat.first_message(
             f"{ep.instructions}\n\n{observation}", [ep.images[i] for i in first_imgs]
         )
-        ids, imgs = self._history(ep, start, t)
+        ids, imgs, _, _ = self._history(ep, start, t)
         return head + ids, first_imgs + imgs
 
     # -- the loop ------------------------------------------------------------------------
@@ -187,10 +216,17 @@ class Runner:
         reply_fn: ReplyFn | None = None,
         greedy: bool = False,
         progress: bool = False,
+        rng_seed: int | None = None,
+        group_base: int | None = None,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """Play ``len(seeds) x group_size`` episodes; return records (with group advantages)
-        and stats. ``reply_fn(obs, info, env)`` replaces the model (scripted replies: loss
-        mask 1, behaviour log-probs 0)."""
+        and stats (:func:`~agents.record.episode_stats` plus timings). ``reply_fn(obs, info,
+        env)`` replaces the model (scripted replies: loss mask 1, behaviour log-probs 0).
+
+        ``rng_seed`` seeds the sampling of this call (default: the runner's seed and a call
+        counter); ``group_base`` numbers its groups (default: counting on from the last call).
+        A trainer passes both as functions of its iteration, so a resumed run plays the same.
+        """
         from tqdm.auto import tqdm
 
         wall0 = time.perf_counter()
@@ -199,12 +235,13 @@ class Runner:
         pool = self._env_pool(n)
         episodes: list[_Episode] = []
         t0 = time.perf_counter()
+        first_group = self._next_group if group_base is None else int(group_base)
         for i, seed in enumerate(seeds):
             for g in range(self.group_size):
                 env = pool[i * self.group_size + g]
                 obs, info = env.reset(seed=int(seed))
-                episodes.append(_Episode(int(seed), self._next_group + i, env, obs, info, info.get("instructions", "")))
-        self._next_group += len(seeds)
+                episodes.append(_Episode(int(seed), first_group + i, env, obs, info, info.get("instructions", "")))
+        self._next_group = first_group + len(seeds)
         timers["env_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         for ep in episodes:
@@ -216,7 +253,7 @@ class Runner:
         # full context: each turn's prompt extends the last one plus its reply; reuse their KV.
         turn_cache = TurnKVCache() if self.window is None and reply_fn is None else None
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed * 1_000_003 + self._calls)
+            torch.manual_seed(self.seed * 1_000_003 + self._calls if rng_seed is None else int(rng_seed))
             self._calls += 1
             while active:
                 t0 = time.perf_counter()
@@ -252,9 +289,9 @@ class Runner:
                 t0 = time.perf_counter()
                 texts = [self.policy.reply_text(ids) for ids, _, _ in replies]
                 timers["tokenization_s"] += time.perf_counter() - t0
-                if self._batch_search is not None and batch:
+                if batch:
                     t0 = time.perf_counter()
-                    self._batch_search([ep.env for ep in batch], texts)  # one retriever call per turn
+                    before_batch_step([ep.env for ep in batch], texts)  # e.g. one retrieval call per turn
                     timers["env_s"] += time.perf_counter() - t0
                 still = []
                 for ep, prompt, imgs, text, (ids, lps, closed) in zip(batch, prompts, prompt_imgs, texts, replies):
@@ -313,22 +350,11 @@ class Runner:
     def _record(self, ep: _Episode, policy_version: int) -> Trajectory:
         samples = ep.samples
         n = len(ep.turns)
-        if self.window is None and n:
-            ids: list[int] = list(ep.user_ids[0])
-            mask = [0] * len(ids)
-            lps = [0.0] * len(ids)
-            img_ids = list(ep.user_imgs[0])
-            for j in range(n):
-                if j:
-                    ext = ([] if ep.reply_closed[j - 1] else [self.policy.eos_token_id]) + ep.user_ids[j]
-                    ids += ext
-                    mask += [0] * len(ext)
-                    lps += [0.0] * len(ext)
-                    img_ids += ep.user_imgs[j]
-                ids += ep.reply_ids[j]
-                mask += [1] * len(ep.reply_ids[j])
-                lps += ep.reply_lps[j]
-            samples = [Sample(ids, mask, lps, img_ids)]
+        if self.window is None and n:  # full context: the whole conversation as one sample
+            ids, img_ids, mask, lps = self._history(ep, 0, n - 1)
+            first, last = ep.user_ids[0], ep.reply_ids[n - 1]
+            samples = [Sample(first + ids + last, [0] * len(first) + mask + [1] * len(last),
+                              [0.0] * len(first) + lps + ep.reply_lps[n - 1], ep.user_imgs[0] + img_ids)]
         images = list(ep.images)
         extra: dict[str, Any] = {"end_reason": ep.end_reason, "final_observation": ep.obs.get("text", "")}
         if len(ep.user_ids) == n and self.policy.is_vision and "image" in ep.obs:  # final frame, for GIFs
@@ -341,19 +367,9 @@ class Runner:
         )
 
     def _stats(self, records: list[Trajectory], timers: dict[str, float], wall: float) -> dict[str, float]:
-        turns = sum(r.num_turns for r in records)
-        invalid = sum(not t.action_is_valid for r in records for t in r.turns)
         tokens = sum(r.num_sampled_tokens for r in records)
-        n = max(1, len(records))
         return {
-            "episodes": len(records),
-            "turns": turns,
-            "sampled_tokens": tokens,
-            "invalid_reply_rate": invalid / max(1, turns),
-            "success_rate": sum(r.success for r in records) / n,
-            "mean_return": float(np.mean([r.episode_return for r in records])) if records else 0.0,
-            "truncated": sum(r.truncated for r in records),
-            "failed": sum(r.failed for r in records),
+            **episode_stats(records),
             **timers,
             "wall_s": wall,
             "episodes_per_s": len(records) / max(wall, 1e-9),

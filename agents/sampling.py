@@ -17,12 +17,26 @@ fresh forward over the record (fp32, ~1e-6); finished rows leave the batch.
 
 from __future__ import annotations
 
-from typing import Callable, TYPE_CHECKING, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from agents.policy import Generation, Policy
+from agents.record import Generation
+
+
+class DecodingModel(Protocol):
+    """What the samplers need of a policy (:class:`agents.policy.Policy` is one)."""
+
+    model: torch.nn.Module
+    pad_token_id: int
+    eos_token_id: int
+    cache_arg: str  # the forward's KV-cache keyword
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def sampling_logprobs(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log_softmax(logits / T)`` over the sampleable tokens."""
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [heads, tokens, dim]
 
@@ -135,19 +149,19 @@ def _plain_layers(cache) -> list | None:
 
 @torch.inference_mode()
 def sample_text(
-    policy: "Policy",
+    policy: DecodingModel,
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
     temperature: float,
     greedy: bool,
     turn_cache: TurnKVCache | None = None,
-) -> list["Generation"]:
+) -> list[Generation]:
     """Sample a reply for every prompt (see the module docstring); rows stop at EOS (kept)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be non-empty")
     model, device = policy.model, policy.device
-    cache_arg = policy._cache_arg
+    cache_arg = policy.cache_arg
     unique: dict[tuple[int, ...], int] = {}
     inverse = [unique.setdefault(tuple(int(t) for t in p), len(unique)) for p in prompts]
     rows = list(unique)
@@ -226,7 +240,7 @@ def expand_unique(out, mask: torch.Tensor, inverse: Sequence[int]):
 
 
 def decode_rows(
-    policy: "Policy",
+    policy: DecodingModel,
     cache,
     logits: torch.Tensor,
     mask: torch.Tensor,
@@ -237,7 +251,7 @@ def decode_rows(
     greedy: bool,
     position_ids: Callable[[torch.Tensor], torch.Tensor] = lambda pos: pos[:, None],
     on_finished: Callable[..., None] | None = None,
-) -> list["Generation"]:
+) -> list[Generation]:
     """The decode loop shared by the text and vision samplers.
 
     ``logits`` [n, V] are each row's next-token logits after its prompt, ``mask`` its attention
@@ -246,16 +260,14 @@ def decode_rows(
     batch at EOS (kept in the reply). ``on_finished(which, row, mask, tokens, step)`` sees the
     batch rows that just finished, before they leave.
     """
-    from agents.policy import Generation
-
-    model, device, cache_arg = policy.model, policy.device, policy._cache_arg
+    model, device, cache_arg = policy.model, policy.device, policy.cache_arg
     n = logits.shape[0]
     tokens = torch.full((n, max_new_tokens), policy.pad_token_id, dtype=torch.long, device=device)
     lps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
     lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
     row = torch.arange(n, device=device)  # batch row -> prompt index
     for step in range(max_new_tokens):
-        logp = policy._sampling_logprobs(logits, temperature)
+        logp = policy.sampling_logprobs(logits, temperature)
         tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
         tokens[row, step] = tok
         lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)

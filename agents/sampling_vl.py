@@ -21,15 +21,25 @@ Every row computes what it would compute alone, so the behaviour log-probs match
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
-from agents.sampling import common_prefix_length, _new_cache, decode_rows, expand_unique
+from agents.record import Generation
+from agents.sampling import DecodingModel, _new_cache, common_prefix_length, decode_rows, expand_unique
 
-if TYPE_CHECKING:
-    from agents.policy import Generation, Policy
+
+class VisionDecodingModel(DecodingModel, Protocol):
+    """What the vision sampler needs beyond the text one (:class:`agents.policy.Policy` is one)."""
+
+    suppressed_ids: list[int]  # the vision special tokens, never sampled
+
+    def token_types(self, ids: torch.Tensor) -> torch.Tensor:
+        """1 image pad, 2 video pad, 0 text."""
+
+    def vision_inputs(self, images: Sequence[np.ndarray]) -> dict[str, torch.Tensor]:
+        """``pixel_values`` and ``image_grid_thw`` for images in order."""
 
 #: Architectures whose image inputs and rope this loop reproduces; others use HF ``generate``.
 SUPPORTED = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -45,13 +55,9 @@ def _image_key(image: np.ndarray) -> tuple:
     return a.shape, str(a.dtype), a.tobytes()
 
 
-def _rope_positions(policy: "Policy", ids: torch.Tensor, mask: torch.Tensor, grid_thw) -> torch.Tensor:
+def _rope_positions(policy: VisionDecodingModel, ids: torch.Tensor, mask: torch.Tensor, grid_thw) -> torch.Tensor:
     """[3, B, L] multimodal-rope positions of each row's real tokens (0 on padding)."""
-    types = torch.zeros_like(ids)
-    if policy._image_token_id is not None:
-        types[ids == policy._image_token_id] = 1
-    if policy._video_token_id is not None:
-        types[ids == policy._video_token_id] = 2
+    types = policy.token_types(ids)
     get_rope_index = policy.model.model.get_rope_index
     kwargs = {"image_grid_thw": grid_thw, "attention_mask": mask}
     if "mm_token_type_ids" in inspect.signature(get_rope_index).parameters:
@@ -62,14 +68,14 @@ def _rope_positions(policy: "Policy", ids: torch.Tensor, mask: torch.Tensor, gri
 
 @torch.inference_mode()
 def sample_vision(
-    policy: "Policy",
+    policy: VisionDecodingModel,
     prompts: Sequence[Sequence[int]],
     images: Sequence[Sequence[np.ndarray]] | None,
     *,
     max_new_tokens: int,
     temperature: float,
     greedy: bool,
-) -> list["Generation"]:
+) -> list[Generation]:
     """Sample a reply for every prompt given its images in order; rows stop at EOS (kept)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be non-empty")
@@ -77,7 +83,7 @@ def sample_vision(
     if len(images) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(images)} image lists")
     model, device = policy.model, policy.device
-    cache_arg = policy._cache_arg
+    cache_arg = policy.cache_arg
     unique: dict[tuple, int] = {}
     inverse = [unique.setdefault((tuple(int(t) for t in p), tuple(_image_key(im) for im in ims)), len(unique))
                for p, ims in zip(prompts, images)]

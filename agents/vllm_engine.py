@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from agents.policy import Generation, Policy
+from agents.policy import Policy
+from agents.record import Generation
 
 logger = logging.getLogger(__name__)
 

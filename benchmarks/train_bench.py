@@ -93,7 +93,7 @@ def _prompts(n: int) -> list[str]:
 def bench_ours(modality: str, iterations: int, tasks: int, group: int, threads: int, root: Path,
                single_turn: bool = False) -> dict:
     """Run the training loop for a few iterations; return the medians of its timing metrics
-    (the run folder, with the post-warm-up policy in ``reference/``, stays under ``root``)."""
+    (the run folder, with the start-of-RL policy in ``reference/``, stays under ``root``)."""
     import train
     from learner.report import read_metrics
 
@@ -101,7 +101,7 @@ def bench_ours(modality: str, iterations: int, tasks: int, group: int, threads: 
     name = f"{modality}{'_single' if single_turn else ''}"
     cfg = train.Config(
         runs_root=str(root), run_name=name, env_id=env_id, tasks_per_iter=tasks, group_size=group,
-        iterations=iterations, warmup_steps=40, warmup_seconds=90, initial_eval_episodes=1,
+        iterations=iterations, pretrain_steps=40, pretrain_dynamics=0.0, diagnostics=False,
         final_eval_episodes=1, eval_every=0, checkpoint_every=0, replay="none" if single_turn else "fresh",
         replay_ratio=1, threads=threads, progress=False, tensorboard=False, gifs=0, eval_both=False,
         env_kwargs={"max_turns": 1} if single_turn else {},

@@ -41,7 +41,6 @@ def main(argv=None) -> None:
     ap.add_argument("--prefix-module", default=None, help="a .py file whose sampled_logprobs replaces learner.prefix's")
     a = ap.parse_args(argv)
 
-    import train
     from agents.policy import Policy
     from agents.runner import Runner
     from learner.loss import LossConfig
@@ -51,7 +50,9 @@ def main(argv=None) -> None:
         spec = importlib.util.spec_from_file_location("prefix_under_test", a.prefix_module)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        train.sampled_logprobs = mod.sampled_logprobs
+        import learner.prefix
+
+        learner.prefix.sampled_logprobs = mod.sampled_logprobs  # learner.batch looks it up at call time
     from agents.tiny import build_tiny_model
 
     torch.manual_seed(0)
@@ -59,8 +60,9 @@ def main(argv=None) -> None:
     policy = Policy.from_pretrained(model_path)
     ref = Policy.from_pretrained(a.ref or model_path)
     ref.model.requires_grad_(False)
-    cfg = train.Config(micro_batch=a.micro_batch)
-    runner = Runner(policy, cfg.env_id, group_size=8, context="window:0", max_new_tokens=8, temperature=1.0, seed=1)
+    from learner.update import policy_update
+
+    runner = Runner(policy, "freshper/FrozenLake-v0", group_size=8, context="window:0", max_new_tokens=8, temperature=1.0, seed=1)
     torch.set_num_threads(a.gen_threads or a.threads)
     t_collect = []
     for k in range(a.reps + 1):
@@ -76,8 +78,8 @@ def main(argv=None) -> None:
     t_update, st = [], {}
     for _ in range(a.reps + 1):
         t = time.perf_counter()
-        st = train.policy_update(policy, ref, optimizer, scheduler, good, np.ones(len(good)), np.zeros(len(good)),
-                                 cfg, LossConfig(kl_coef=0.04), on_policy=True)
+        st = policy_update(policy, ref, optimizer, scheduler, good, np.ones(len(good)), np.zeros(len(good)),
+                           loss_cfg=LossConfig(kl_coef=0.04), micro_batch=a.micro_batch, on_policy=True)
         t_update.append(time.perf_counter() - t)
     print(json.dumps({
         "threads": a.threads, "gen_threads": a.gen_threads or a.threads, "prefix_module": a.prefix_module,

@@ -9,7 +9,7 @@ format penalty and the ``info`` keys every runner relies on.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -136,6 +136,59 @@ class MultiTurnEnv(gym.Env[dict, str]):
     def task_info(self) -> dict[str, Any]:
         """Extra per-step ``info`` entries (JSON-serialisable); override to add some."""
         return {}
+
+    # -- what trainers and tools need from a task (docs/design.md, "The task contract") ---------
+    def legal_actions(self) -> list[str]:
+        """The actions a well-formed reply may name in the current state (discrete tasks).
+
+        Tasks with a fixed set of moves override this; :meth:`sample_reply` draws from it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} defines neither legal_actions() nor sample_reply(); implement one "
+            "so trainers can draw well-formed replies (pretraining, warm-up, random play)")
+
+    def format_reply(self, action: Any) -> str:
+        """The canonical reply naming ``action``, e.g. ``"<answer>Down</answer>"``."""
+        return f"{_ANSWER_OPEN}{action}{_ANSWER_CLOSE}"
+
+    def sample_reply(self, rng: np.random.Generator) -> str:
+        """A random well-formed reply for the current state: a uniformly drawn legal action in
+        the task's reply format. The random agent of ``python -m envs.play --random``, and the
+        replies of the embedded model's pretraining."""
+        legal = list(self.legal_actions())
+        if not legal:
+            raise ValueError(f"{type(self).__name__}.legal_actions() is empty in this state")
+        return self.format_reply(legal[int(rng.integers(len(legal)))])
+
+    def describe_action(self, reply: str) -> str:
+        """The action of a well-formed reply in a few words (the content of its answer tag)."""
+        content = extract_tag(reply)
+        return content if content is not None else reply.strip()
+
+    def outcome_text(self, terminated: bool, success: bool) -> str:
+        """What the last step led to, as text: the new state in the task's text notation
+        (:meth:`render_text`), or a word for how the episode ended. The target of dynamics
+        pretraining: predicting it makes a model read the state it acts on."""
+        if terminated:
+            return "success" if success else "failure"
+        return self.render_text()
+
+    @classmethod
+    def before_batch_step(cls, envs: "Sequence[MultiTurnEnv]", replies: Sequence[str]) -> None:
+        """Called by batched runners with every env of this class that is about to be stepped
+        this turn, and its reply, before stepping them one by one: a task whose step does
+        expensive I/O does it here for the whole batch (search: one retrieval request per turn).
+        ``step`` must give the same result whether or not this ran. The default does nothing."""
+
+    def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
+        """Up to ``n`` pairs of states that differ in one detail a competent policy must react to.
+
+        Each item is ``(options_a, options_b, action)``: ``reset(seed=..., options=options_a)``
+        puts the task in state a (likewise b), and a policy that reads the state prefers
+        ``action`` more in state b than in state a; a policy blind to that detail shows no
+        difference. Empty when the task defines none (the default).
+        """
+        return []
 
     # -- the contract -------------------------------------------------------------------
     def _observation(self, text: str) -> dict[str, Any]:

@@ -165,6 +165,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         else:
             self.desc = random_map(self.np_random, self.size, self.p)
         self._set_start()
+        if options and options.get("position") is not None:
+            r, c = (int(v) for v in options["position"])
+            if not (0 <= r < self.nrow and 0 <= c < self.ncol) or self.desc[r][c] in "HG":
+                raise ValueError(f"options['position'] {[r, c]} is off the board or on a hole or the goal")
+            self.pos = (r, c)
 
     def instructions(self) -> str:
         return (
@@ -240,6 +245,32 @@ class FrozenLakeEnv(MultiTurnEnv):
 
     def task_info(self) -> dict[str, Any]:
         return {"position": list(self.pos), "map": list(self.desc)}
+
+    def outcome_text(self, terminated: bool, success: bool) -> str:
+        """``goal``, ``hole``, or the board after the move (the dynamics pretraining target)."""
+        if terminated:
+            return "goal" if success else "hole"
+        return self.board_text()
+
+    def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
+        """Boards where P has ice both below and to the right, except that one of the two is a
+        hole: state a has the hole below, state b to the right, so a policy that looks where
+        it steps prefers Down more in b (the hole-reading probe; 0 for a board-blind policy)."""
+        probes: list[tuple[dict, dict, str]] = []
+        for _ in range(50 * n):
+            if len(probes) >= n:
+                break
+            desc = [list(row) for row in random_map(rng, self.nrow, self.p)] if self.fixed_map is None \
+                else [list(row) for row in self.fixed_map]
+            r, c = int(rng.integers(self.nrow - 1)), int(rng.integers(self.ncol - 1))
+            if desc[r][c] in "HG" or desc[r + 1][c] == "G" or desc[r][c + 1] == "G":
+                continue
+            a, b = [row[:] for row in desc], [row[:] for row in desc]
+            a[r + 1][c], a[r][c + 1] = "H", "F"
+            b[r + 1][c], b[r][c + 1] = "F", "H"
+            probes.append(({"desc": ["".join(x) for x in a], "position": [r, c]},
+                           {"desc": ["".join(x) for x in b], "position": [r, c]}, "Down"))
+        return probes
 
     # -- pictures -----------------------------------------------------------------------
     def render_image(self) -> np.ndarray:

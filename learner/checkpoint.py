@@ -10,6 +10,7 @@ a clear message instead of a confusing unpickling error deep in torch.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -165,3 +166,49 @@ def set_rng_state(state: dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
+
+
+class RunLock:
+    """An exclusive lock on a run folder for the life of one ``train.py`` process.
+
+    A second process that opens the same run folder (two ``--run-name dup`` started together,
+    or a resume while the run still trains) is refused with :class:`FileExistsError`. The lock
+    is the kernel's (``flock``), so a killed process never leaves a stale one. Taking it also
+    removes temporary checkpoint folders that a killed writer left behind.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._fh = (run_dir / ".lock").open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "another process"
+            self._fh.close()
+            raise FileExistsError(f"{run_dir} is in use by {holder}: wait for it to finish or pick another --run-name") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(f"train.py pid {os.getpid()}")
+        self._fh.flush()
+        removed = clean_stale_temporaries(run_dir / "checkpoints")
+        if removed:
+            logger.info("removed %d temporary checkpoint folder(s) left by an interrupted run", removed)
+
+    def release(self) -> None:
+        if not self._fh.closed:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+
+
+def clean_stale_temporaries(root: str | os.PathLike) -> int:
+    """Delete ``.tmp-*`` / ``.old-*`` folders under a checkpoints folder (call with the run lock
+    held: then no writer is using them); return how many went."""
+    root = Path(root)
+    if not root.is_dir():
+        return 0
+    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-", ".old-"))]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return len(stale)

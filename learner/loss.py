@@ -60,7 +60,7 @@ def grpo_loss(
     ref_logp: torch.Tensor | None = None,
     ages: torch.Tensor | None = None,
     num_tokens: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, "LossStats"]:
     """Loss and statistics for one batch of rows.
 
     Args:
@@ -76,9 +76,9 @@ def grpo_loss(
             count when a batch is split into micro-batches, so the sum of parts equals the whole.
 
     Returns:
-        ``(loss, stats)``: a scalar to minimise and float statistics (ratio mean/max/min, clip
-        fraction, KL, and ``ess/age_<bucket>``: normalised IS effective sample size
-        ``(sum rho)^2 / (n sum rho^2)`` per age bucket).
+        ``(loss, stats)``: a scalar to minimise and its :class:`LossStats` (ratio mean/max/min,
+        clip fraction, KL, and ``ess/age_<bucket>``: normalised IS effective sample size
+        ``(sum rho)^2 / (n sum rho^2)`` per age bucket), which merge across micro-batches.
     """
     cfg = cfg or LossConfig()
     mask = mask.to(logp.dtype)
@@ -114,14 +114,87 @@ def grpo_loss(
         loss = loss + cfg.kl_coef * kl
         kl_value = float(kl.detach().item()) * denom / max(float(mask.sum().item()), 1.0)
 
+    stats = LossStats()
     on = mask > 0
-    row_ages = None if ages is None else ages.to(logp.dtype)[:, None].expand_as(logp)[on]
-    stats = ratio_stats(ratio.detach()[on], row_ages)
-    n_tok = max(float(mask.sum().item()), 1.0)
-    stats["clip_frac"] = float((clip_active * mask).sum().item()) / n_tok
-    stats["kl"] = kl_value
-    stats["tokens"] = float(mask.sum().item())
+    stats.add_ratios(ratio.detach()[on], None if ages is None else ages.to(logp.dtype)[:, None].expand_as(logp)[on])
+    stats.clipped = float((clip_active * mask).sum().item())
+    stats.kl_sum = kl_value * stats.tokens
     return loss, stats
+
+
+class LossStats:
+    """Statistics of :func:`grpo_loss` kept as sums over sampled tokens, so the statistics of
+    micro-batches :meth:`merge` into exactly those of the whole batch. Read them with
+    ``stats["clip_frac"]`` etc. or :meth:`summary` (ratio mean/max/min, clip fraction, KL,
+    token count, and the normalised IS ESS overall and per age bucket, ``ess/age_<bucket>``)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.clipped = 0.0
+        self.kl_sum = 0.0
+        self.ratio_sum = self.ratio_sq = 0.0
+        self.ratio_max, self.ratio_min = float("-inf"), float("inf")
+        self.buckets: dict[str, list[float]] = {}  # name -> [n, sum, sum of squares]
+
+    def add_ratios(self, ratios: torch.Tensor, ages: torch.Tensor | None = None) -> None:
+        """Account sampled-token ratios (1-D) and, optionally, each one's age."""
+        r = ratios.reshape(-1).double()
+        if r.numel() == 0:
+            return
+        self.tokens += r.numel()
+        self.ratio_sum += float(r.sum())
+        self.ratio_sq += float((r * r).sum())
+        self.ratio_max = max(self.ratio_max, float(r.max()))
+        self.ratio_min = min(self.ratio_min, float(r.min()))
+        if ages is not None:
+            ages = ages.reshape(-1)
+            for lo, hi in AGE_BUCKETS:
+                sel = r[(ages >= lo) & (ages <= hi)]
+                if sel.numel():
+                    b = self.buckets.setdefault(age_bucket_name(lo, hi), [0.0, 0.0, 0.0])
+                    b[0] += sel.numel()
+                    b[1] += float(sel.sum())
+                    b[2] += float((sel * sel).sum())
+
+    def merge(self, other: "LossStats") -> "LossStats":
+        """Add another micro-batch's statistics into this one; returns self."""
+        self.tokens += other.tokens
+        self.clipped += other.clipped
+        self.kl_sum += other.kl_sum
+        self.ratio_sum += other.ratio_sum
+        self.ratio_sq += other.ratio_sq
+        self.ratio_max, self.ratio_min = max(self.ratio_max, other.ratio_max), min(self.ratio_min, other.ratio_min)
+        for name, (n, s1, s2) in other.buckets.items():
+            b = self.buckets.setdefault(name, [0.0, 0.0, 0.0])
+            b[0] += n
+            b[1] += s1
+            b[2] += s2
+        return self
+
+    def summary(self) -> dict[str, float]:
+        if self.tokens == 0:
+            return {"ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0, "ess": 1.0, "clip_frac": 0.0, "kl": 0.0,
+                    "tokens": 0.0}
+        out = {"ratio_mean": self.ratio_sum / self.tokens, "ratio_max": self.ratio_max, "ratio_min": self.ratio_min,
+               "ess": _ess(self.tokens, self.ratio_sum, self.ratio_sq)}
+        for lo, hi in AGE_BUCKETS:
+            name = age_bucket_name(lo, hi)
+            if name in self.buckets:
+                out[f"ess/age_{name}"] = _ess(*self.buckets[name])
+        out.update(clip_frac=self.clipped / self.tokens, kl=self.kl_sum / self.tokens, tokens=self.tokens)
+        return out
+
+    def __getitem__(self, key: str) -> float:
+        return self.summary()[key]
+
+
+def _ess(n: float, s1: float, s2: float) -> float:
+    """Normalised Kish ESS from the count, sum and sum of squares of the ratios."""
+    if n == 0:
+        return 1.0
+    if s2 != s2:
+        return 0.0
+    return 1.0 if s2 == 0.0 else s1 * s1 / s2 / n
 
 
 def token_ratios(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor, sequence_ratio: bool = False) -> torch.Tensor:
@@ -138,31 +211,13 @@ def token_ratios(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Te
 def ratio_stats(ratios: torch.Tensor, ages: torch.Tensor | None = None) -> dict[str, float]:
     """Mean/max/min of sampled-token ratios (1-D) and the normalised IS ESS, overall and per
     age bucket (``ages``: 1-D, one age per ratio)."""
-    sel = ratios.reshape(-1)
-    if sel.numel() == 0:
-        return {"ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0, "ess": 1.0}
-    stats = {
-        "ratio_mean": float(sel.mean().item()),
-        "ratio_max": float(sel.max().item()),
-        "ratio_min": float(sel.min().item()),
-        "ess": effective_sample_size(sel),
-    }
-    if ages is not None:
-        ages = ages.reshape(-1)
-        for lo, hi in AGE_BUCKETS:
-            in_bucket = (ages >= lo) & (ages <= hi)
-            if bool(in_bucket.any()):
-                stats[f"ess/age_{age_bucket_name(lo, hi)}"] = effective_sample_size(sel[in_bucket])
-    return stats
+    stats = LossStats()
+    stats.add_ratios(ratios, ages)
+    summary = stats.summary()
+    return {k: v for k, v in summary.items() if k.startswith(("ratio", "ess"))}
 
 
 def effective_sample_size(rho: torch.Tensor) -> float:
     """Kish's effective sample size ``(sum rho)^2 / sum rho^2``, divided by ``n`` (1 = all equal)."""
-    rho = rho.double()
-    n = rho.numel()
-    if n == 0:
-        return 1.0
-    den = float((rho * rho).sum().item())
-    if den == 0.0 or den != den:
-        return 0.0 if den != den else 1.0
-    return float(rho.sum().item()) ** 2 / den / n
+    rho = rho.double().reshape(-1)
+    return _ess(rho.numel(), float(rho.sum()), float((rho * rho).sum()))

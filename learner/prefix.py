@@ -81,7 +81,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         return policy.token_logprobs(samples, images if images is not None else [[] for _ in samples],
                                      temperature=temperature)
     model, device = policy.model, policy.device
-    cache_arg, logits_to_keep = policy._cache_arg, policy._takes_logits_to_keep
+    cache_arg, logits_to_keep = policy.cache_arg, policy.takes_logits_to_keep
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
     b = len(ids)
     t_max = max(len(x) for x in ids)
@@ -146,10 +146,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         logits = torch.cat([first_logits[:, None], out2.logits], dim=1)  # [B, S, V]
     else:
         logits = first_logits[:, None]
-    logits = logits.float() / temperature
-    if policy.suppressed_ids:
-        logits[..., policy.suppressed_ids] = float("-inf")
-    lp = logits.gather(-1, suffix.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, S]
+    lp = policy.logprobs_of(logits, suffix, temperature)  # [B, S]
     valid = torch.arange(s_max, device=device)[None] < torch.as_tensor(slen, device=device)[:, None]
     lp = torch.where(valid, lp, torch.zeros_like(lp))
     # place row b's S values at columns plen[b] .. (a scatter into a zero row: differentiable)

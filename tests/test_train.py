@@ -17,15 +17,16 @@ import train
 from agents.record import load_records
 from agents.runner import default_env_kwargs
 from learner.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+from learner.cli import field_docs
 from learner.loss import LossConfig
+from learner.update import policy_update
 from learner.report import compare_runs, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
 #: Tiny, fast, deterministic settings (B=2, G=2, short replies, tiny evaluations).
-TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, warmup_seconds=0.0, eval_every=2, eval_episodes=2,
-            initial_eval_episodes=2, final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False,
-            threads=1)
+TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, eval_every=2, eval_episodes=2,
+            final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False, threads=1)
 
 
 def tiny_config(tmp_path: Path, **overrides) -> train.Config:
@@ -56,7 +57,7 @@ def _params(policy) -> list[torch.Tensor]:
 
 # -- config ------------------------------------------------------------------------------------
 def test_every_config_field_is_documented_and_a_flag() -> None:
-    docs = train.field_docs(train.Config)
+    docs = field_docs(train.Config)
     names = [f.name for f in dataclasses.fields(train.Config)]
     assert set(names) == set(docs), f"undocumented fields: {set(names) - set(docs)}"
     help_text = train.build_parser().format_help()
@@ -99,9 +100,8 @@ def test_first_on_policy_update_has_ratio_exactly_one(text_setup) -> None:
     policy, records = text_setup
     state = {k: v.clone() for k, v in policy.model.state_dict().items()}
     opt, sched = _optimizer(policy)
-    cfg = train.Config()
     n = len(records)
-    stats = train.policy_update(policy, None, opt, sched, records, np.ones(n), np.zeros(n), cfg, LossConfig(), on_policy=True)
+    stats = policy_update(policy, None, opt, sched, records, np.ones(n), np.zeros(n), loss_cfg=LossConfig(), on_policy=True)
     policy.model.load_state_dict(state)
     assert stats["ratio_mean"] == 1.0 and stats["ratio_max"] == 1.0 and stats["ratio_min"] == 1.0
     assert stats["clip_frac"] == 0.0
@@ -115,8 +115,7 @@ def test_all_equal_groups_give_zero_gradient_and_leave_weights_unchanged(text_se
     before = _params(policy)
     opt, sched = _optimizer(policy)
     n = len(flat)
-    stats = train.policy_update(policy, None, opt, sched, flat, np.ones(n), np.zeros(n), train.Config(),
-                                LossConfig(), on_policy=False)
+    stats = policy_update(policy, None, opt, sched, flat, np.ones(n), np.zeros(n), loss_cfg=LossConfig(), on_policy=False)
     assert stats["grad_norm"] == 0.0
     for a, b in zip(before, policy.model.parameters()):
         assert torch.equal(a, b)
@@ -132,8 +131,7 @@ def test_nonfinite_loss_skips_the_update(text_setup) -> None:
     before = _params(policy)
     opt, sched = _optimizer(policy)
     n = len(broken)
-    stats = train.policy_update(policy, None, opt, sched, broken, np.ones(n), np.ones(n), train.Config(),
-                                LossConfig(), on_policy=False)
+    stats = policy_update(policy, None, opt, sched, broken, np.ones(n), np.ones(n), loss_cfg=LossConfig(), on_policy=False)
     assert stats["skipped"] == 1.0 and stats["nonfinite"] == "loss"
     for a, b in zip(before, policy.model.parameters()):
         assert torch.equal(a, b)
@@ -154,7 +152,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 def test_resume_continues_exactly(tmp_path: Path) -> None:
     """4 iterations in one go == 2 iterations, stop, resume, 2 more: same metrics and weights."""
     kw = dict(iterations=4, replay="fresh", replay_ratio=1, replay_batch=4, buffer_capacity=8, kl_coef=0.04,
-              warmup_seconds=5.0, warmup_steps=1, warmup_tasks=1)
+              pretrain_steps=1, pretrain_batch=4)
     train.train(tiny_config(tmp_path, run_name="whole", **kw))
     train.train(tiny_config(tmp_path, run_name="split", **{**kw, "iterations": 2}))
     resumed = train.parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4"])

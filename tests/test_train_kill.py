@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = 6
 FLAGS = [
     "--iterations", str(ITERATIONS), "--tasks-per-iter", "2", "--group-size", "4", "--max-new-tokens", "4",
-    # A short format warm-up, so replies differ within groups and every update moves the weights.
-    "--warmup-seconds", "60", "--warmup-steps", "15", "--eval-every", "0", "--initial-eval-episodes", "2", "--final-eval-episodes", "2",
+    # A short pretraining, so replies differ within groups and every update moves the weights.
+    "--pretrain-steps", "15", "--pretrain-batch", "16", "--pretrain-lr", "3e-3", "--eval-every", "0", "--final-eval-episodes", "2",
     "--checkpoint-every", "1", "--keep-checkpoints", "2", "--replay", "fresh", "--replay-batch", "4",
     "--buffer-capacity", "8", "--threads", "1", "--no-progress", "--no-tensorboard",
 ]

@@ -225,6 +225,11 @@ class SearchQAEnv(MultiTurnEnv):
             lines.append(f"Doc {n} (Title: {p.title}) {text}")
         return "<information>\n" + "\n".join(lines) + "\n</information>"
 
+    @classmethod
+    def before_batch_step(cls, envs: Sequence["MultiTurnEnv"], replies: Sequence[str]) -> None:
+        """One retrieval request for every search of the turn (:func:`batch_search`)."""
+        batch_search(envs, replies)
+
     def pending_query(self, reply: str) -> str | None:
         """The query ``step(reply)`` would send to the retriever, or None if it would not search."""
         if self._done or self.searches >= self.max_searches:

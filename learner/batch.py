@@ -1,0 +1,117 @@
+"""From trajectory records to padded training tensors: the one record-to-batch step.
+
+Every optimizer step of the project (pretraining, GRPO updates, replay updates) trains on
+:class:`~agents.record.Sample` s, the per-turn (``window:k``) or per-episode (``full``) token
+sequences of the records. :func:`make_batches` turns records, with their PER weights and ages,
+into micro-batches once: the samples that hold sampled tokens, their images, the padded loss
+mask and behaviour log-probs, and one advantage, weight and age per sample. The advantage is
+the sample's own (turn-level credit, ``Sample.advantage``) where the record stores one, else
+the trajectory's group-relative advantage. :func:`supervised_batches` does the same for plain
+samples with a fixed target (pretraining: weight 1, advantage 1).
+
+``num_tokens`` is the sampled-token count of the *whole* batch, so a loss summed over
+micro-batches with that denominator equals the loss of the batch in one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from agents.record import Sample, Trajectory
+
+
+@dataclass
+class Batch:
+    """One micro-batch of training sequences, right-padded to its longest sample."""
+
+    samples: list[Sample]
+    images: list[list[np.ndarray]]  # per sample, its images in order
+    mask: torch.Tensor  # [B, T] float32, 1 on sampled tokens
+    behavior_logprobs: torch.Tensor  # [B, T] float32, log-probs stored at sampling time
+    advantages: torch.Tensor  # [B]
+    weights: torch.Tensor  # [B] PER weights (1 for fresh data)
+    ages: torch.Tensor  # [B] optimizer steps since collection
+    num_tokens: float  # sampled tokens of the whole batch (the token-mean denominator)
+
+    @property
+    def size(self) -> int:
+        return len(self.samples)
+
+    @property
+    def seq_tokens(self) -> int:
+        """Tokens of every sequence, prompts included (the learner's work)."""
+        return sum(len(s.token_ids) for s in self.samples)
+
+
+def pad_rows(rows: Sequence[np.ndarray], width: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Right-pad 1-D arrays with zeros into a ``[len(rows), width]`` tensor."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(np.asarray(r), dtype=dtype)
+    return out
+
+
+def masked(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Zero the log-probs of unsampled positions (prompt tokens may be -inf, e.g. image pads)."""
+    return torch.where(mask > 0, logp, torch.zeros_like(logp))
+
+
+def _chunks(rows: list, size: int) -> list[list]:
+    return [rows[i : i + size] for i in range(0, len(rows), max(1, size))]
+
+
+def make_batches(trajs: Sequence[Trajectory], weights: Sequence[float] | np.ndarray | None = None,
+                 ages: Sequence[float] | np.ndarray | None = None, micro_batch: int = 256) -> list[Batch]:
+    """Micro-batches of every sample with sampled tokens, each carrying its trajectory's PER
+    weight and age and its advantage (the sample's own where stored, else the trajectory's)."""
+    n = len(trajs)
+    weights = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    ages = np.zeros(n) if ages is None else np.asarray(ages, dtype=np.float64)
+    rows = [(i, s) for i, t in enumerate(trajs) for s in t.samples if s.num_sampled > 0]
+    total = float(sum(s.num_sampled for _, s in rows))
+    out = []
+    for chunk in _chunks(rows, micro_batch):
+        samples = [s for _, s in chunk]
+        width = max(len(s.token_ids) for s in samples)
+        out.append(Batch(
+            samples=samples,
+            images=[[trajs[i].images[k] for k in s.image_ids] for i, s in chunk],
+            mask=pad_rows([s.loss_mask for s in samples], width),
+            behavior_logprobs=pad_rows([s.behavior_logprobs for s in samples], width),
+            advantages=torch.tensor([trajs[i].advantage if s.advantage is None else s.advantage for i, s in chunk],
+                                    dtype=torch.float32),
+            weights=torch.tensor([float(weights[i]) for i, _ in chunk], dtype=torch.float32),
+            ages=torch.tensor([float(ages[i]) for i, _ in chunk], dtype=torch.float32),
+            num_tokens=total,
+        ))
+    return out
+
+
+def supervised_batches(samples: Sequence[Sample], images: Sequence[Sequence[np.ndarray]] | None = None,
+                       micro_batch: int = 256) -> list[Batch]:
+    """Micro-batches of plain samples (pretraining targets): weight 1, advantage 1, age 0."""
+    images = [[] for _ in samples] if images is None else images
+    rows = [(s, list(im)) for s, im in zip(samples, images) if s.num_sampled > 0]
+    total = float(sum(s.num_sampled for s, _ in rows))
+    out = []
+    for chunk in _chunks(rows, micro_batch):
+        part = [s for s, _ in chunk]
+        width = max(len(s.token_ids) for s in part)
+        ones = torch.ones(len(part))
+        out.append(Batch(samples=part, images=[im for _, im in chunk], mask=pad_rows([s.loss_mask for s in part], width),
+                         behavior_logprobs=pad_rows([s.behavior_logprobs for s in part], width), advantages=ones,
+                         weights=ones.clone(), ages=torch.zeros(len(part)), num_tokens=total))
+    return out
+
+
+def batch_logprobs(policy, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T]`` log-probs of the batch's sampled tokens under ``policy`` (0 elsewhere), through
+    the shared-prefix pass of :mod:`learner.prefix` (differentiable)."""
+    from learner.prefix import sampled_logprobs
+
+    return masked(sampled_logprobs(policy, batch.samples, batch.images, temperature), batch.mask)

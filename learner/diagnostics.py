@@ -1,0 +1,121 @@
+"""What the policy looks at: action distributions across states, and counterfactual probes.
+
+A policy can earn a fair score while ignoring its observation (on FrozenLake 4x4 a fixed
+Down/Right habit reaches 0.39-0.46), so success alone does not say whether a policy reads the
+state. Two measurements do, from the policy's own action probabilities (each candidate reply
+scored in full and renormalised over the task's actions; no sampling):
+
+- ``action_spread``: the mean total-variation distance between the action distributions of
+  pairs of different states from random play. 0 means the same distribution on every state.
+- ``counterfactual_shift``: over the task's counterfactual probes
+  (:meth:`~envs.base.MultiTurnEnv.counterfactual_probes`: pairs of states that differ in one
+  detail, e.g. FrozenLake's hole below vs to the right of the player), the mean increase of
+  the probability of the action that detail favours. 0 for a policy blind to it; up to 1.
+
+Prompts are built as a ``window:0`` runner builds them (instructions and the current
+observation), the setting these diagnostics are meant for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from agents.record import Sample
+from learner.batch import batch_logprobs, supervised_batches
+
+#: Seeds of the diagnostic states: a block of their own, far from training and evaluation seeds.
+DIAGNOSTIC_SEED_BASE = 2_100_000_000
+
+
+def _prompt(obs: dict, instructions: str, first: bool, with_images: bool) -> tuple[str, list[np.ndarray]]:
+    text = obs["text"] if first else f"{instructions}\n\n{obs['text']}"
+    return text, ([np.asarray(obs["image"], dtype=np.uint8)] if with_images and "image" in obs else [])
+
+
+@torch.no_grad()
+def action_probabilities(policy, states: list[tuple[str, list[np.ndarray]]], replies: list[str],
+                         temperature: float = 1.0, micro_batch: int = 256) -> np.ndarray:
+    """``[len(states), len(replies)]``: each reply's probability (EOS included) in each state,
+    renormalised over ``replies``."""
+    samples, images = [], []
+    encoded = [policy.encode_reply(r) for r in replies]
+    for text, ims in states:
+        prompt = policy.chat.first_message(text, ims)
+        for reply in encoded:
+            samples.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply)),
+                                  list(range(len(ims)))))
+            images.append(list(ims))
+    totals: list[float] = []
+    for batch in supervised_batches(samples, images, micro_batch):
+        totals.extend(batch_logprobs(policy, batch, temperature).sum(1).tolist())
+    logp = np.asarray(totals, dtype=np.float64).reshape(len(states), len(replies))
+    logp -= logp.max(axis=1, keepdims=True)
+    p = np.exp(logp)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def _random_states(env, n: int, rng: np.random.Generator, with_images: bool) -> tuple[list, set[str]]:
+    """``n`` observed states from short random walks, and the legal actions seen in them."""
+    task = env.unwrapped
+    states, actions = [], set()
+    for i in range(n * 3):
+        if len(states) >= n:
+            break
+        obs, info = env.reset(seed=DIAGNOSTIC_SEED_BASE + i)
+        instructions, first = info.get("instructions", ""), True
+        for _ in range(int(rng.integers(0, 4))):
+            obs, _, term, trunc, _ = env.step(task.sample_reply(rng))
+            first = False
+            if term or trunc:
+                break
+        else:
+            states.append(_prompt(obs, instructions, first, with_images))
+            actions.update(task.legal_actions())
+    return states, actions
+
+
+def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *, states: int = 32,
+                       probes: int = 32, temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """``action_spread`` and ``counterfactual_shift`` (see the module docstring) of ``policy``
+    on ``env_id``; tasks without discrete actions or probes report only what they support."""
+    from envs.registry import make
+
+    env = make(env_id, **dict(env_kwargs or {}))
+    try:
+        task = env.unwrapped
+        try:
+            task.legal_actions()
+        except NotImplementedError:
+            return {}
+        except Exception:  # noqa: BLE001 - needs a reset first
+            pass
+        rng = np.random.default_rng(seed)
+        with_images = policy.is_vision
+        observed, actions = _random_states(env, states, rng, with_images)
+        if not actions:
+            return {}
+        names = sorted(actions)
+        replies = [task.format_reply(a) for a in names]
+        out: dict[str, float] = {}
+        if len(observed) >= 2:
+            p = action_probabilities(policy, observed, replies, temperature)
+            tv = 0.5 * np.abs(p[:, None, :] - p[None, :, :]).sum(-1)
+            k = len(p)
+            out["action_spread"] = float(tv.sum() / (k * (k - 1)))
+        pairs = task.counterfactual_probes(np.random.default_rng(seed + 1), probes)
+        if pairs:
+            shown = []
+            for options_a, options_b, _ in pairs:
+                for options in (options_a, options_b):
+                    obs, info = env.reset(seed=DIAGNOSTIC_SEED_BASE, options=options)
+                    shown.append(_prompt(obs, info.get("instructions", ""), True, with_images))
+            p = action_probabilities(policy, shown, replies, temperature)
+            col = np.array([names.index(action) for _, _, action in pairs])
+            rows = np.arange(len(pairs))
+            out["counterfactual_shift"] = float(np.mean(p[2 * rows + 1, col] - p[2 * rows, col]))
+        return out
+    finally:
+        env.close()

@@ -1,0 +1,317 @@
+"""Pretraining on a task's own transitions: the start the embedded default model needs.
+
+A randomly initialised tiny model knows neither the reply format nor how to read a state.
+RL alone teaches it the format and a state-blind habit, not to look at the cells it steps on
+(docs/training.md). Pretraining on the environment's own dynamics builds that perception
+without telling the model which action is good:
+
+- a **dynamics** example shows a state and a random well-formed action and asks for what it
+  leads to: user = the task prompt of the state + ``"\\nMove: <action>"``, assistant =
+  ``<answer>`` + :meth:`~envs.base.MultiTurnEnv.outcome_text` + ``</answer>`` (the next
+  state in the task's text notation, or how the episode ended: ``hole``/``goal`` on FrozenLake);
+- a **format** example is the task prompt of a state and a random well-formed reply
+  (:meth:`~envs.base.MultiTurnEnv.sample_reply`), so the model learns to answer in format and
+  with no preference between actions.
+
+States come from random play: ``batch`` streams each play their own episodes of the task with
+random well-formed replies, one transition per stream per step (new tasks from a seed block
+disjoint from training and evaluation seeds). Everything goes through the env contract, so any
+task that can draw a random reply (``legal_actions`` or ``sample_reply``) gets it: text and
+vision (the model sees the image, predicts the next state as text). The loss is the mean
+negative log-likelihood of the reply tokens.
+
+:func:`pretrained_default` builds the embedded tiny model, pretrains it on a task and caches
+the result under the model cache, keyed by everything that shapes it, so ``train.py`` pays for
+it once per task, seed and recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from agents.record import Sample
+from learner.seeds import pretrain_seed
+from learner.update import nll_per_sample, supervised_step
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the examples or the training change, so cached pretrained models are rebuilt.
+PRETRAIN_VERSION = 1
+MARKER = "freshper_pretrain.json"
+
+
+@dataclass
+class PretrainConfig:
+    """The pretraining recipe (``train.py`` fills it from its ``--pretrain-*`` flags)."""
+
+    steps: int = 400
+    """optimizer steps"""
+    batch: int = 64
+    """examples per step (also the number of random-play streams)"""
+    lr: float = 1e-3
+    """Adam learning rate"""
+    dynamics_fraction: float = 0.5
+    """share of dynamics examples (the rest are format examples); 0: a format-only warm-up"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
+    seconds: float | None = None
+    """stop early after this many seconds (None: no cap)"""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch < 1:
+            raise ValueError("pretraining steps must be >= 0 and batch >= 1")
+        if not 0.0 <= self.dynamics_fraction <= 1.0:
+            raise ValueError(f"dynamics_fraction must be in [0, 1], got {self.dynamics_fraction}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"pretraining lr must be a positive number, got {self.lr}")
+
+
+@dataclass
+class Example:
+    """One supervised example: a user message (text with ``<image>`` slots and its images)
+    and the assistant reply to learn; ``kind`` is ``"dynamics"`` or ``"format"``."""
+
+    text: str
+    images: list[np.ndarray]
+    reply: str
+    kind: str
+
+
+def has_random_replies(env) -> bool:
+    """Whether the task can draw random well-formed replies (so it can be pretrained): it
+    implements ``sample_reply`` or ``legal_actions`` of the env contract."""
+    from envs.base import MultiTurnEnv
+
+    cls = type(env.unwrapped)
+    return cls.sample_reply is not MultiTurnEnv.sample_reply or cls.legal_actions is not MultiTurnEnv.legal_actions
+
+
+class TransitionStreams:
+    """``n`` environments, each playing its own episodes with random well-formed replies.
+
+    :meth:`examples` takes one transition from every stream and turns it into an example:
+    a dynamics example with probability ``dynamics_fraction``, else a format example.
+    """
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int,
+                 dynamics_fraction: float, with_images: bool) -> None:
+        from envs.registry import make
+
+        self.envs = [make(env_id, **dict(env_kwargs or {})) for _ in range(n)]
+        self.rng = np.random.default_rng(pretrain_seed(seed, 0))
+        self.seed = seed
+        self.dynamics_fraction = dynamics_fraction
+        self.with_images = with_images
+        self._episodes = 0
+        self._state: list[tuple[dict, str, bool] | None] = [None] * n  # (obs, instructions, first turn)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _reset(self, k: int) -> None:
+        self._episodes += 1
+        obs, info = self.envs[k].reset(seed=pretrain_seed(self.seed, self._episodes))
+        self._state[k] = (obs, info.get("instructions", ""), True)
+
+    def _prompt(self, obs: dict, instructions: str, first: bool) -> tuple[str, list[np.ndarray]]:
+        """The user message a ``window:0`` runner shows for this observation."""
+        text = obs["text"] if first else f"{instructions}\n\n{obs['text']}"
+        images = [np.asarray(obs["image"], dtype=np.uint8)] if self.with_images and "image" in obs else []
+        return text, images
+
+    def examples(self) -> list[Example]:
+        out = []
+        for k, env in enumerate(self.envs):
+            if self._state[k] is None:
+                self._reset(k)
+            obs, instructions, first = self._state[k]
+            task = env.unwrapped
+            text, images = self._prompt(obs, instructions, first)
+            reply = task.sample_reply(self.rng)
+            dynamics = self.rng.random() < self.dynamics_fraction
+            action = task.describe_action(reply)
+            nxt, _, terminated, truncated, info = env.step(reply)
+            if dynamics:
+                outcome = task.outcome_text(bool(terminated), bool(info.get("success", False)))
+                out.append(Example(f"{text}\nMove: {action}", images, f"<answer>{outcome}</answer>", "dynamics"))
+            else:
+                out.append(Example(text, images, reply, "format"))
+            if terminated or truncated or info.get("failed"):
+                self._state[k] = None
+            else:
+                self._state[k] = (nxt, instructions, False)
+        return out
+
+
+def encode(policy, examples: list[Example]) -> tuple[list[Sample], list[list[np.ndarray]]]:
+    """Token samples of examples: the user message as the chat template renders a first
+    message, then the reply closed by EOS; the loss mask covers the reply."""
+    samples, images = [], []
+    for ex in examples:
+        prompt = policy.chat.first_message(ex.text, ex.images)
+        reply = policy.encode_reply(ex.reply)
+        samples.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply)),
+                              list(range(len(ex.images)))))
+        images.append(list(ex.images))
+    return samples, images
+
+
+def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
+             micro_batch: int = 256, progress: bool = False,
+             on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Pretrain ``policy`` in place on ``env_id``'s transitions; return a report (steps, losses
+    per kind at the start and end on held-out examples, seconds)."""
+    from tqdm.auto import tqdm
+
+    streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision)
+    held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision)
+    try:
+        held_examples = held.examples() + held.examples()
+    finally:
+        held.close()
+    held_samples, held_images = encode(policy, held_examples)
+    kinds = np.array([ex.kind for ex in held_examples])
+
+    def held_losses() -> dict[str, float]:
+        nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
+        return {f"{k}_nll": float(nll[kinds == k].mean()) for k in ("dynamics", "format") if (kinds == k).any()}
+
+    before = held_losses()
+    optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
+    start = time.monotonic()
+    losses: list[float] = []
+    bar = tqdm(total=cfg.steps, desc="pretrain", unit="step", disable=not progress, dynamic_ncols=True, leave=False)
+    try:
+        for step in range(cfg.steps):
+            if cfg.seconds is not None and time.monotonic() - start >= cfg.seconds:
+                break
+            samples, images = encode(policy, streams.examples())
+            st = supervised_step(policy, optimizer, samples, images, micro_batch=micro_batch,
+                                 max_grad_norm=cfg.max_grad_norm)
+            if not math.isfinite(st["loss"]):
+                raise FloatingPointError(f"pretraining loss is not finite at step {step}; lower the pretraining lr")
+            losses.append(st["loss"])
+            if on_step is not None:
+                on_step(step, st)
+            bar.update(1)
+            bar.set_postfix(loss=f"{st['loss']:.3f}")
+    finally:
+        bar.close()
+        streams.close()
+    after = held_losses()
+    return {
+        "pretrain_steps": len(losses), "pretrain_seconds": time.monotonic() - start,
+        "pretrain_loss_first": losses[0] if losses else float("nan"),
+        "pretrain_loss_last": float(np.mean(losses[-10:])) if losses else float("nan"),
+        **{f"pretrain_{k}_before": v for k, v in before.items()},
+        **{f"pretrain_{k}_after": v for k, v in after.items()},
+        "pretrain_episodes": streams._episodes,
+    }
+
+
+def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig,
+              seed: int) -> str:
+    blob = json.dumps([PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, dataclasses.asdict(cfg), seed],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
+                       cache_dir: str | os.PathLike | None = None, micro_batch: int = 256,
+                       progress: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The embedded tiny model of the task's modality, pretrained on ``env_id``'s transitions.
+
+    Built once and cached (written to a temporary folder and renamed, like the tiny model);
+    returns the model folder and its pretraining report (``cached`` says whether it was reused).
+    A time cap (``cfg.seconds``) makes the result depend on the machine, so capped runs are
+    not cached.
+    """
+    import envs
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model, default_cache_dir
+
+    modality = envs.task_spec(env_id).modality
+    base = build_tiny_model(modality, cache_dir=cache_dir, seed=seed)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    task = env_id.split("/")[-1]
+    target = root / f"pretrained-{task}-s{seed}-{cache_key(base, env_id, env_kwargs, cfg, seed)}"
+    if (target / MARKER).exists():
+        report = json.loads((target / MARKER).read_text(encoding="utf-8"))
+        return target, {**report, "cached": True}
+    policy = Policy.from_pretrained(base)
+    torch.manual_seed(seed)
+    report = pretrain(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress)
+    if cfg.seconds is not None:  # machine-dependent: keep it in a folder that is not reused
+        target = root / f".uncached-{task}-s{seed}-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".pretrain-{task}-"))
+    try:
+        policy.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps({**report, "env_id": env_id, "env_kwargs": env_kwargs or {},
+                                              "base_model": base.name, "recipe": dataclasses.asdict(cfg)}),
+                                  encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("pretrained %s on %s in %.0f s (%d steps) at %s", base.name, env_id, report["pretrain_seconds"],
+                report["pretrain_steps"], target)
+    return target, {**report, "cached": False}
+
+
+def iter_examples(env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int = 0,
+                  dynamics_fraction: float = 0.5, with_images: bool = False) -> Iterator[Example]:
+    """``n`` examples of a task, for inspection (``python -m learner.pretrain --show``)."""
+    streams = TransitionStreams(env_id, env_kwargs, 1, seed, dynamics_fraction, with_images)
+    try:
+        for _ in range(n):
+            yield from streams.examples()
+    finally:
+        streams.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    import envs  # noqa: F401
+    from agents.runner import default_env_kwargs
+
+    parser = argparse.ArgumentParser(prog="python -m learner.pretrain",
+                                     description="Pretrain (and cache) the embedded model on a task's transitions.")
+    parser.add_argument("--env-id", default="freshper/FrozenLake-v0")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="print N examples and exit")
+    for f in dataclasses.fields(PretrainConfig):
+        parser.add_argument("--" + f.name.replace("_", "-"), type=float if f.type in ("float", "float | None") else int,
+                            default=f.default)
+    args = parser.parse_args(argv)
+    kwargs = default_env_kwargs(args.env_id, "window:0")
+    if args.show:
+        for ex in iter_examples(args.env_id, kwargs, args.show, args.seed, args.dynamics_fraction):
+            print(f"--- {ex.kind}\n[user]\n{ex.text}\n[assistant]\n{ex.reply}")
+        return 0
+    cfg = PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)})
+    path, report = pretrained_default(args.env_id, kwargs, cfg, seed=args.seed, progress=True)
+    print(json.dumps({"model": str(path), **report}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

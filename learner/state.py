@@ -1,0 +1,120 @@
+"""The run state: everything training changes besides the policy weights, kept in one place.
+
+:class:`TrainerState` holds the optimizer, its learning-rate schedule, the replay buffer, the
+counters and (when saved) the RNG states. It is built from the run's settings, saved into a
+checkpoint folder and restored from one as a unit, and settings that may change on resume
+(the learning rate) are applied to the restored objects, so the config a run reports and the
+state it trains with cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.checkpoint import CheckpointError, rng_state, set_rng_state
+
+TRAINER_FILE = "trainer.pt"
+REPLAY_FILE = "replay.npz"
+
+
+@dataclass
+class Counters:
+    """Where the run is: every schedule (task seeds, sampling seeds, beta, ages) reads these."""
+
+    iteration: int = 0
+    global_step: int = 0  # optimizer steps taken (replay ages count these)
+    episodes: int = 0  # environment episodes collected for training
+    rl_seconds: float = 0.0
+    nonfinite_total: int = 0
+    nonfinite_consecutive: int = 0
+
+
+class TrajectoryCodec:
+    """Replay-buffer codec: a record's own lossless, pickle-free blob."""
+
+    def encode(self, item: Any) -> bytes:
+        return item.to_bytes()
+
+    def decode(self, data: bytes) -> Any:
+        from agents.record import Trajectory
+
+        return Trajectory.from_bytes(data)
+
+
+@dataclass
+class ReplaySettings:
+    """The replay buffer's settings (``mode="none"``: no buffer)."""
+
+    mode: str = "none"
+    capacity: int = 640
+    alpha: float = 1.0
+    tau: float = 10.0
+    beta: float = 0.4
+    beta_final: float = 1.0
+    beta_anneal_steps: int = 1000
+    eps: float = 1e-2
+    seed: int = 0
+
+    def build(self):
+        if self.mode == "none":
+            return None
+        from replay.buffer import ReplayBuffer
+
+        return ReplayBuffer(self.capacity, mode=self.mode, alpha=self.alpha, tau=self.tau, beta=self.beta,
+                            beta_final=self.beta_final, beta_anneal_steps=self.beta_anneal_steps, eps=self.eps,
+                            seed=self.seed)
+
+
+class TrainerState:
+    """Optimizer, learning-rate schedule, replay buffer and counters of a run."""
+
+    def __init__(self, params, lr: float, lr_warmup_steps: int, replay: ReplaySettings) -> None:
+        self.optimizer = torch.optim.Adam(params, lr=lr)
+        warm = max(1, int(lr_warmup_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
+        self.replay = replay
+        self.buffer = replay.build()
+        self.counters = Counters()
+
+    def set_lr(self, lr: float) -> None:
+        """Make ``lr`` the learning rate from now on (optimizer and schedule agree)."""
+        self.scheduler.base_lrs = [lr for _ in self.optimizer.param_groups]
+        factor = self.scheduler.lr_lambdas[0](max(0, self.scheduler.last_epoch))
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor
+
+    def save(self, folder: Path) -> None:
+        """Write ``trainer.pt`` (optimizer, schedule, counters, RNG states) and ``replay.npz``."""
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "state": dataclasses.asdict(self.counters), "rng": rng_state()}, folder / TRAINER_FILE)
+        if self.buffer is not None:
+            self.buffer.save(folder / REPLAY_FILE, TrajectoryCodec())
+
+    def load(self, folder: Path, lr: float) -> None:
+        """Restore what :meth:`save` wrote (the RNG states too) and apply ``lr``."""
+        try:
+            saved = torch.load(folder / TRAINER_FILE, weights_only=True)
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            self.counters = Counters(**saved["state"])
+            set_rng_state(saved["rng"])
+            if self.buffer is not None:
+                from replay.buffer import ReplayBuffer
+
+                self.buffer = ReplayBuffer.load(folder / REPLAY_FILE, TrajectoryCodec())
+        except Exception as exc:  # noqa: BLE001 - any failure here means the checkpoint is unusable
+            raise CheckpointError(f"cannot restore training state from {folder}: {exc}") from exc
+        if self.buffer is not None:
+            keys = ("mode", "capacity", "alpha", "tau", "beta", "beta_final", "beta_anneal_steps", "eps")
+            differ = {k: (getattr(self.buffer, k), getattr(self.replay, k)) for k in keys
+                      if getattr(self.buffer, k) != getattr(self.replay, k)}
+            if differ:
+                raise CheckpointError(f"the replay buffer in {folder} was built with other settings "
+                                      f"(saved, configured): {differ}")
+        self.set_lr(lr)
