@@ -60,6 +60,27 @@ The episode is over. You reached the goal. You fell into a hole. Reply with one 
 _USER, _ASSISTANT = "user\n", "assistant\n"
 
 
+class cache_lock:
+    """An exclusive ``flock`` on ``path`` while a cached model folder is built, so processes
+    started together build it once and never replace a folder another one is loading."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a")
+        fcntl.flock(self._fh, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
+
+
 def default_cache_dir() -> Path:
     """``$FRESHPER_CACHE`` or ``.cache/freshper`` under the current directory."""
     return Path(os.environ.get("FRESHPER_CACHE") or Path.cwd() / ".cache" / "freshper")
@@ -235,7 +256,13 @@ def build_tiny_model(
     marker = target / "freshper_tiny.json"
     if target.exists() and marker.exists() and not force:
         return target
-    root.mkdir(parents=True, exist_ok=True)
+    with cache_lock(root / f".{target.name}.lock"):
+        if target.exists() and marker.exists() and not force:
+            return target  # built by another process meanwhile
+        return _build(target, modality, corpus, key, seed, vocab_size, root)
+
+
+def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_size: int, root: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tiny-{modality}-"))
     try:
         tokenizer = _train_tokenizer(corpus, vocab_size)

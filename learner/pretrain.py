@@ -242,23 +242,30 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
     not cached.
     """
     import envs
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model, default_cache_dir
+    from agents.tiny import build_tiny_model, cache_lock, default_cache_dir
 
     modality = envs.task_spec(env_id).modality
     base = build_tiny_model(modality, cache_dir=cache_dir, seed=seed)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     task = env_id.split("/")[-1]
     target = root / f"pretrained-{task}-s{seed}-{cache_key(base, env_id, env_kwargs, cfg, seed)}"
-    if (target / MARKER).exists():
-        report = json.loads((target / MARKER).read_text(encoding="utf-8"))
-        return target, {**report, "cached": True}
+    root.mkdir(parents=True, exist_ok=True)
+    with cache_lock(root / f".{target.name}.lock"):  # runs started together build it once
+        if (target / MARKER).exists():
+            report = json.loads((target / MARKER).read_text(encoding="utf-8"))
+            return target, {**report, "cached": True}
+        return _build(base, target, root, task, env_id, env_kwargs, cfg, seed, micro_batch, progress)
+
+
+def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwargs: dict[str, Any] | None,
+           cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool) -> tuple[Path, dict[str, Any]]:
+    from agents.policy import Policy
+
     policy = Policy.from_pretrained(base)
     torch.manual_seed(seed)
     report = pretrain(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress)
     if cfg.seconds is not None:  # machine-dependent: keep it in a folder that is not reused
         target = root / f".uncached-{task}-s{seed}-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".pretrain-{task}-"))
     try:
         policy.save_pretrained(tmp)
