@@ -1,4 +1,4 @@
-"""A model that plays one turn at a time, for ``python -m envs.play ID --model PATH``.
+"""A model that plays one turn at a time, for ``python -m agents.play ID --model PATH``.
 
 The player is stateless between turns (prompt = instructions + current observation, the
 ``window:0`` mode the tiny default trains with), so a human can take over for some turns and
@@ -38,7 +38,6 @@ class ModelPlayer:
         self.max_new_tokens = max_new_tokens
         self.instructions = ""
         self._first = True
-        self._generator_seed = seed
         torch.manual_seed(seed)
 
     def reset(self, obs: dict, info: dict) -> None:

@@ -7,7 +7,7 @@ and reloads weights from the learner's :class:`~agents.policy.Policy` after each
 
 Caveats: vLLM returns log-probs of its own (possibly bf16, differently fused) forward pass, so
 they match ``Policy.token_logprobs`` only approximately; the learner's IS ratio absorbs the
-difference but the 1e-4 check of DESIGN.md does not hold. Images are not wired up here.
+difference but the 1e-4 check of docs/design.md does not hold. Images are not wired up here.
 """
 
 from __future__ import annotations

@@ -5,9 +5,12 @@ model sees), reads a reply and prints the reward. A reply without any ``<`` is w
 ``<answer>...</answer>`` for convenience (``up`` -> ``<answer>up</answer>``); a reply with
 tags (``<search>...</search>``) is sent as typed. ``q`` or end of input quits.
 
-``--model [PATH]`` lets a model play (``agents.interactive.ModelPlayer``, imported only then,
-so ``envs`` never imports torch): each turn shows its reply; Enter accepts it, typing a reply
-instead takes over for that turn. ``--save-gif PATH`` writes the episode's frames with Pillow.
+``--random`` plays the task's random agent (its random well-formed replies, the env contract's
+``sample_reply``) to the end without input: the quickest check of a new task. ``play`` takes
+any *player* (``reset(obs, info)``, ``act(obs, state_text) -> reply``) that proposes each
+reply; Enter accepts a proposal, typing a reply takes over for that turn. A model player lives
+in ``agents`` (``python -m agents.play <id> --model PATH``), so ``envs`` never imports torch.
+``--save-gif PATH`` writes the episode's frames with Pillow.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import ast
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence, TextIO
+from typing import Any, Protocol, Sequence, TextIO
 
 import numpy as np
 
@@ -80,15 +83,28 @@ def _show(env: Any, obs: dict, out: TextIO) -> None:
     out.write(f"\n{text}\n")
 
 
-def _load_player(model: str | None, env_id: str) -> Any:
-    try:
-        from agents.interactive import ModelPlayer  # lazy: pulls in torch
-    except ImportError as exc:
-        raise RuntimeError(
-            f"--model needs agents.interactive.ModelPlayer, which could not be imported ({exc}). "
-            "It is provided by the agents package; play without --model meanwhile."
-        ) from exc
-    return ModelPlayer(model, env_id)
+class Player(Protocol):
+    """Proposes a reply each turn (a model, a script, the random agent)."""
+
+    def reset(self, obs: dict, info: dict) -> None:
+        """A new episode starts with this observation."""
+
+    def act(self, obs: dict, state_text: str | None = None) -> str:
+        """The proposed reply to the current observation (``state_text``: the env's state)."""
+
+
+class RandomPlayer:
+    """The task's random agent: a random well-formed reply each turn (``env.sample_reply``)."""
+
+    def __init__(self, env: Any, seed: int | None = None) -> None:
+        self.env = env
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, obs: dict, info: dict) -> None:
+        pass
+
+    def act(self, obs: dict, state_text: str | None = None) -> str:
+        return self.env.unwrapped.sample_reply(self.rng)
 
 
 def play(
@@ -97,18 +113,23 @@ def play(
     seed: int | None = None,
     kwargs: dict[str, Any] | None = None,
     save_gif: str | None = None,
-    model: str | None = None,
-    use_model: bool = False,
+    player: Player | None = None,
+    random_agent: bool = False,
+    auto: bool = False,
     stdin: TextIO = sys.stdin,
     stdout: TextIO = sys.stdout,
 ) -> PlaySummary:
     """Play one episode of ``env_id`` reading replies from ``stdin``; return its summary.
 
-    With ``use_model`` a ``ModelPlayer(model, env_id)`` proposes each reply (``model`` None is
-    the embedded default); an empty input line accepts it, any other line replaces it.
+    ``player`` proposes each reply (``random_agent``: the task's random agent); an empty
+    input line accepts a proposal, any other line replaces it. ``auto`` sends every proposal
+    without reading input (the random agent's default on the command line).
     """
     env = envs.make(env_id, **(kwargs or {}))
-    player = _load_player(model, env_id) if use_model else None
+    if random_agent:
+        player = RandomPlayer(env, seed)
+    if auto and player is None:
+        raise ValueError("auto play needs a player (--random, or a model through python -m agents.play)")
     obs, info = env.reset(seed=seed)
     if player is not None:
         player.reset(obs, info)
@@ -120,14 +141,18 @@ def play(
     turns, invalid, ret, success, quit_early, done = 0, 0, 0.0, False, False, False
     while not done:
         proposal = player.act(obs, env.unwrapped.state_text()) if player is not None else None
-        if proposal is not None:
-            out.write(f"model> {proposal}\n[Enter] accept, or type your own reply: ")
+        if auto:
+            out.write(f"player> {proposal}\n")
+            line = "\n"
         else:
-            out.write("your reply> ")
-        out.flush()
-        line = stdin.readline()
-        if not stdin.isatty():  # scripted input: echo it so the transcript reads like a session
-            out.write(line if line.endswith("\n") else line + "\n")
+            if proposal is not None:
+                out.write(f"model> {proposal}\n[Enter] accept, or type your own reply: ")
+            else:
+                out.write("your reply> ")
+            out.flush()
+            line = stdin.readline()
+            if not stdin.isatty():  # scripted input: echo it so the transcript reads like a session
+                out.write(line if line.endswith("\n") else line + "\n")
         if not line or line.strip().lower() in QUIT:
             quit_early = True
             out.write("\n(quit)\n")
@@ -162,18 +187,18 @@ def play(
     return summary
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m envs.play", description=__doc__.split("\n\n")[0])
+def add_play_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments ``python -m envs.play`` and ``python -m agents.play`` share."""
     parser.add_argument("env_id", help="a registered task id (see `python -m envs list`)")
     parser.add_argument("--seed", type=int, default=None, help="reset seed (default: random)")
     parser.add_argument("--save-gif", metavar="PATH", default=None, help="write the episode's frames as a GIF")
     parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments, e.g. size=8")
-    parser.add_argument("--model", nargs="?", const="", default=None, metavar="PATH",
-                        help="let a model play (Enter accepts its reply); no PATH = the embedded default model")
-    args = parser.parse_args(argv)
+
+
+def run_cli(args: argparse.Namespace, **play_kwargs: Any) -> int:
+    """Play with parsed arguments; turn the usual failures into ``error:`` lines and exit codes."""
     try:
-        play(args.env_id, seed=args.seed, kwargs=parse_kwargs(args.kw), save_gif=args.save_gif,
-             model=args.model or None, use_model=args.model is not None)
+        play(args.env_id, seed=args.seed, kwargs=parse_kwargs(args.kw), save_gif=args.save_gif, **play_kwargs)
     except (KeyError, ValueError, RuntimeError, ImportError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -182,6 +207,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed
         return 141
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m envs.play", description=__doc__.split("\n\n")[0])
+    add_play_arguments(parser)
+    parser.add_argument("--random", action="store_true",
+                        help="play the task's random agent to the end (random well-formed replies, no input)")
+    parser.add_argument("--step", action="store_true", help="with --random: Enter accepts each reply, typing takes over")
+    args = parser.parse_args(argv)
+    return run_cli(args, random_agent=args.random, auto=args.random and not args.step)
 
 
 if __name__ == "__main__":

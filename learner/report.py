@@ -114,7 +114,7 @@ def board_probe(records: Iterable[Any]) -> dict[str, float]:
     Scans every turn of (evaluation) records whose observation shows a FrozenLake board. On
     states where both Down and Right stay on the board and exactly one of them leads into a
     hole, it counts replies of Down or Right and the fraction that chose the safe one: 0.5 is
-    what a board-blind Down/Right habit scores (DESIGN.md); other replies are counted apart.
+    what a board-blind Down/Right habit scores (docs/design.md); other replies are counted apart.
     """
     safe = unsafe = other = 0
     for rec in records:
@@ -213,7 +213,7 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
 
 
-#: FrozenLake 4x4 policies that read nothing (DESIGN.md): random Down/Right, the best fixed path.
+#: FrozenLake 4x4 policies that read nothing (docs/design.md): random Down/Right, the best fixed path.
 BLIND_DOWN_RIGHT, BLIND_BEST_PATH = 0.39, 0.46
 
 

@@ -1,6 +1,6 @@
 """Freshness-aware prioritized experience replay (numpy only; items are opaque payloads).
 
-See DESIGN.md, "Freshness-aware replay without a refresh pass".
+See docs/design.md, "Freshness-aware replay without a refresh pass".
 """
 
 from .buffer import MODES, ReplayBuffer, ReplaySample

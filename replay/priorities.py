@@ -1,7 +1,7 @@
 """Base priorities: how much a trajectory is worth replaying, before the age decay.
 
 The floor ``eps`` keeps zero-return trajectories sampleable and is applied to the base priority
-(before the decay), which keeps the freshness factorisation exact (see DESIGN.md).
+(before the decay), which keeps the freshness factorisation exact (see docs/design.md).
 """
 
 from __future__ import annotations

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import io
-import sys
-import types
-
 import pytest
 from PIL import Image
 
@@ -46,31 +43,35 @@ def test_vision_task_shows_the_text_rendering_of_the_image() -> None:
     assert "the model sees a picture of" in text and "P F F F" in text
 
 
-def test_model_player_proposes_and_enter_accepts(monkeypatch) -> None:
+def test_a_player_proposes_and_enter_accepts() -> None:
     calls: list = []
 
-    class FakePlayer:
-        def __init__(self, path, env_id):
-            calls.append(("init", path, env_id))
-
+    class ScriptedPlayer:
         def reset(self, obs, info):
             calls.append(("reset", info["turn"]))
 
         def act(self, obs, state_text=None):
             return "<answer>Right</answer>"
 
-    monkeypatch.setitem(sys.modules, "agents.interactive", types.SimpleNamespace(ModelPlayer=FakePlayer))
     # Enter accepts Right twice, then the user takes over with Down x3, then Enter: Right -> goal.
-    summary, text = _play(["", "", "down", "down", "down", ""], use_model=True, model="ckpt")
-    assert calls[:2] == [("init", "ckpt", "freshper/FrozenLake-v0"), ("reset", 0)]
+    summary, text = _play(["", "", "down", "down", "down", ""], player=ScriptedPlayer())
+    assert calls[:1] == [("reset", 0)]
     assert summary.success and summary.turns == 6
     assert "model> <answer>Right</answer>" in text
 
 
-def test_missing_model_player_gives_a_clear_error(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "agents.interactive", None)
-    with pytest.raises(RuntimeError, match="ModelPlayer.*without --model"):
-        _play([], use_model=True)
+def test_the_random_agent_plays_to_the_end_without_input() -> None:
+    out = io.StringIO()
+    summary = play("freshper/Sokoban-v0", seed=3, random_agent=True, auto=True, stdin=io.StringIO(""), stdout=out)
+    assert not summary.quit_early and summary.invalid_replies == 0
+    assert summary.turns == 10 or summary.success  # simple preset: 10 turns unless solved
+    assert out.getvalue().count("player> <answer>") == summary.turns
+    assert main(["freshper/FrozenLake-v0", "--random", "--seed", "1"]) == 0
+
+
+def test_auto_play_without_a_player_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="auto play needs a player"):
+        _play([], auto=True)
 
 
 def test_cli_main_exit_codes(capsys) -> None:

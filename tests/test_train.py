@@ -217,3 +217,77 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     (ckpt / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="incomplete"):
         verify_checkpoint(ckpt)
+
+
+# -- every task trains from the embedded default ------------------------------------------------
+@pytest.mark.parametrize("env_id", ["freshper/FrozenLake-v0", "freshper/FrozenLakeVision-v0", "freshper/Sokoban-v0",
+                                    "freshper/SokobanVision-v0", "freshper/SearchQA-v0"])
+def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, env_id: str, monkeypatch) -> None:
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    summary = train.train(tiny_config(tmp_path, run_name="t", env_id=env_id, iterations=2, pretrain_steps=2,
+                                      pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=6))
+    rows = read_metrics(tmp_path / "t" / "metrics.jsonl")
+    (pre,) = [r for r in rows if r["kind"] == "pretrain"]
+    assert pre["pretrain_steps"] == 2 and not pre["cached"]
+    trains = [r for r in rows if r["kind"] == "train"]
+    assert len(trains) == 2 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in trains)
+    assert summary["iterations"] == 2 and "final" in summary["evals"]
+
+
+def test_turn_level_advantages_train_and_replay(tmp_path: Path) -> None:
+    train.train(tiny_config(tmp_path, run_name="g", iterations=2, advantage="gigpo", replay="fresh", replay_batch=4,
+                            pretrain_steps=2, pretrain_batch=4, eval_every=0))
+    rows = [r for r in read_metrics(tmp_path / "g" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(rows) == 2 and "replay_loss" in rows[-1]
+    with pytest.raises(ValueError, match="gigpo needs a window"):
+        train.validate(train.Config(advantage="gigpo", context="full"))
+
+
+# -- resume and run folders -------------------------------------------------------------------------
+def test_resume_refuses_settings_that_shaped_the_run_and_applies_the_rest(tmp_path: Path) -> None:
+    train.train(tiny_config(tmp_path, run_name="r", iterations=2, replay="fresh", replay_batch=4, eval_every=0))
+    run = str(tmp_path / "r")
+    for flags, name in ((["--replay", "per"], "--replay"), (["--tau", "1000"], "--tau"),
+                        (["--buffer-capacity", "10"], "--buffer-capacity"), (["--env-id", "freshper/Sokoban-v0"], "--env-id"),
+                        (["--model", "x"], "--model"), (["--seed", "3"], "--seed")):
+        with pytest.raises(ValueError, match=f"cannot change {name}"):
+            train.parse_config(["--resume", run, *flags])
+        assert train.main(["--resume", run, *flags]) == 2
+    cfg = train.parse_config(["--resume", run, "--iterations", "3", "--lr", "0.05"])
+    assert (cfg.lr, cfg.iterations, cfg.replay) == (0.05, 3, "fresh")
+    train.train(cfg)
+    ckpt = list_checkpoints(tmp_path / "r" / "checkpoints")[-1]
+    saved = torch.load(ckpt / "trainer.pt", weights_only=True)
+    assert all(g["lr"] == pytest.approx(0.05) for g in saved["optimizer"]["param_groups"])  # the flag took effect
+    assert yaml.safe_load((ckpt / "config.yaml").read_text())["lr"] == 0.05
+
+
+def test_resume_outside_its_run_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    import shutil
+
+    train.train(tiny_config(tmp_path, run_name="r", iterations=2, eval_every=0))
+    d = tmp_path / "d"
+    (d / "ck").mkdir(parents=True)
+    shutil.copy(tmp_path / "r" / "config.yaml", d / "config.yaml")
+    shutil.copy(tmp_path / "r" / "metrics.jsonl", d / "metrics.jsonl")
+    shutil.copytree(list_checkpoints(tmp_path / "r" / "checkpoints")[-1], d / "ck" / "iter_000002")
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    assert train.main(["--resume", str(d / "ck" / "iter_000002")]) == 2
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+
+
+def test_a_second_writer_of_a_run_folder_is_refused_and_stale_temporaries_are_cleared(tmp_path: Path) -> None:
+    from learner.checkpoint import RunLock
+
+    run = tmp_path / "dup"
+    stale = run / "checkpoints" / ".tmp-iter_000004-999999"
+    stale.mkdir(parents=True)
+    lock = RunLock(run)  # what a running train.py holds
+    assert not stale.exists()
+    try:
+        with pytest.raises(FileExistsError, match="in use by train.py pid"):
+            train.train(tiny_config(tmp_path, run_name="dup", iterations=1))
+        assert train.main(["--runs-root", str(tmp_path), "--run-name", "dup", "--iterations", "1", "--no-progress"]) == 2
+    finally:
+        lock.release()
+    assert not (run / "metrics.jsonl").exists()  # the refused run wrote nothing

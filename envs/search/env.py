@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from envs.base import MultiTurnEnv
 from envs.search.data import Question, load_questions
 from envs.search.metrics import exact_match, f1_score
@@ -137,6 +139,8 @@ class SearchQAEnv(MultiTurnEnv):
         self.em = self.f1 = 0.0
         self.failed, self.error, self.search_limit = False, "", False
         self.transcript: list[str] = []
+        self._last_titles: list[str] = []
+        self._seen_text: list[str] = []  # the passages shown so far (random answers draw from them)
 
     # -- MultiTurnEnv hooks ----------------------------------------------------------------
     def _reset_task(self, options: dict[str, Any] | None) -> None:
@@ -194,7 +198,39 @@ class SearchQAEnv(MultiTurnEnv):
             return 0.0, "The search service is unavailable; the episode is aborted.", True, False
         self.searches += 1
         self.transcript.append(f"search: {content} -> " + ", ".join(p.title for p in passages))
-        return 0.0, self.format_passages(passages), False, False
+        block = self.format_passages(passages)
+        self._last_titles = [p.title for p in passages]
+        self._seen_text.extend(p.text[: self.passage_chars] for p in passages)
+        return 0.0, block, False, False
+
+    # -- the rest of the task contract ------------------------------------------------------
+    def sample_reply(self, rng: np.random.Generator) -> str:
+        """A random well-formed reply: a search for the question (whole, or a span of 2-5 of
+        its words), or, once passages were seen, an answer of 1-3 consecutive words from them."""
+        passages = " ".join(self._seen_text)
+        if passages and rng.random() < 0.5:
+            words = [w.strip(".,;:()\"'") for w in passages.split()]
+            words = [w for w in words if w]
+            n = int(rng.integers(1, 4))
+            start = int(rng.integers(max(1, len(words) - n + 1)))
+            return f"<answer>{' '.join(words[start:start + n])}</answer>"
+        words = self.question.question.rstrip("?").split()
+        if rng.random() < 0.5 or len(words) <= 2:
+            return f"<search>{' '.join(words)}</search>"
+        n = int(rng.integers(2, min(5, len(words)) + 1))
+        start = int(rng.integers(len(words) - n + 1))
+        return f"<search>{' '.join(words[start:start + n])}</search>"
+
+    def describe_action(self, reply: str) -> str:
+        action = first_action(reply if isinstance(reply, str) else "")
+        return reply.strip() if action is None else f"{action[0]} {action[1]}"
+
+    def outcome_text(self, terminated: bool, success: bool) -> str:
+        """What the last action led to: ``correct`` / ``not correct`` for an answer, else the
+        titles of the passages a search returned (the dynamics pretraining target)."""
+        if terminated:
+            return "correct" if success else "not correct"
+        return "Titles: " + " | ".join(self._last_titles) if self._last_titles else "no passages"
 
     def task_info(self) -> dict[str, Any]:
         return {"question": self.question.question, "golden_answers": list(self.question.golden_answers),

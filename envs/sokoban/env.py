@@ -262,6 +262,13 @@ class SokobanEnv(MultiTurnEnv):
         """The board as uint8 RGB, ``tile_size`` px per cell, padded to ``image_shape``."""
         return render_cells(self.cell_codes(), self.tile_size, self.grid_shape)
 
+    def outcome_text(self, terminated: bool, success: bool) -> str:
+        """``solved``, or the board after the move in the observation's notation (``_`` floor):
+        the dynamics pretraining target."""
+        if terminated:
+            return "solved" if success else "failure"
+        return self._xsb(OBS_FLOOR)
+
     # -- helpers for agents and training ------------------------------------------------
     @staticmethod
     def legal_actions() -> list[str]:

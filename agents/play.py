@@ -1,0 +1,38 @@
+"""``python -m agents.play <id> --model [PATH]``: watch a model play a task, and take over.
+
+The terminal loop of ``python -m envs.play`` with :class:`agents.interactive.ModelPlayer`
+proposing each reply: Enter accepts it, typing a reply takes over for that turn (the model
+then goes on from the new state). ``--model`` without a path is the embedded tiny model;
+``--auto`` lets the model play the whole episode without input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from envs.play import add_play_arguments, run_cli
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agents.play", description=__doc__.split("\n\n")[0])
+    add_play_arguments(parser)
+    parser.add_argument("--model", nargs="?", const="", default="", metavar="PATH",
+                        help="model folder (HF layout, e.g. runs/<run>/checkpoints/iter_N/model); none: the embedded model")
+    parser.add_argument("--auto", action="store_true", help="send every model reply without waiting for Enter")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--sample", action="store_true", help="sample replies (default: greedy)")
+    args = parser.parse_args(argv)
+    from agents.interactive import ModelPlayer
+
+    try:
+        player = ModelPlayer(args.model or None, args.env_id, greedy=not args.sample, temperature=args.temperature)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run_cli(args, player=player, auto=args.auto)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Pretraining on a task's own transitions, through the env contract, for every registered task;
+turn-level advantages; the policy diagnostics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+from agents.record import Sample, Trajectory, Turn, assign_step_advantages, load_records, save_records
+from learner.pretrain import PretrainConfig, TransitionStreams, has_random_replies, pretrain, pretrained_default
+
+TASKS = [s.id for s in envs.registered_tasks() if s.source == "freshper"]
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_every_task_draws_well_formed_random_replies(env_id: str) -> None:
+    env = envs.make(env_id)
+    rng = np.random.default_rng(0)
+    assert has_random_replies(env)
+    for seed in range(3):
+        env.reset(seed=seed)
+        for _ in range(4):
+            obs, _, term, trunc, info = env.step(env.unwrapped.sample_reply(rng))
+            assert info["action_is_valid"], f"{env_id}: a sampled reply was invalid"
+            if term or trunc:
+                break
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_transition_examples_are_the_task_prompts_with_a_move_or_a_reply(env_id: str) -> None:
+    vision = envs.task_spec(env_id).modality == "vision"
+    streams = TransitionStreams(env_id, {}, n=8, seed=1, dynamics_fraction=0.5, with_images=vision)
+    try:
+        examples = streams.examples() + streams.examples() + streams.examples()
+    finally:
+        streams.close()
+    kinds = {ex.kind for ex in examples}
+    assert kinds == {"dynamics", "format"}
+    for ex in examples:
+        assert ex.text.count(IMAGE) == len(ex.images) == (1 if vision else 0)
+        if ex.kind == "dynamics":
+            assert "\nMove: " in ex.text and ex.reply.startswith("<answer>") and ex.reply.endswith("</answer>")
+        else:
+            assert "\nMove: " not in ex.text
+            assert envs.make(env_id).unwrapped.parse_action(ex.reply)[1] is None
+
+
+IMAGE = envs.IMAGE_PLACEHOLDER
+
+
+def test_frozenlake_dynamics_targets_are_the_next_board_or_how_it_ended() -> None:
+    streams = TransitionStreams("freshper/FrozenLake-v0", {"feedback": False}, n=16, seed=0, dynamics_fraction=1.0,
+                                with_images=False)
+    try:
+        targets = [ex.reply for _ in range(12) for ex in streams.examples()]
+    finally:
+        streams.close()
+    boards = [t for t in targets if t.count("\n") == 3]
+    assert boards and all(t[len("<answer>"):-len("</answer>")].count(" P") == 1 for t in boards)
+    assert "<answer>hole</answer>" in targets  # random walks fall in
+    assert set(targets) - set(boards) <= {"<answer>hole</answer>", "<answer>goal</answer>"}
+
+
+def test_pretraining_lowers_the_dynamics_loss_and_is_cached(tmp_path) -> None:
+    cfg = PretrainConfig(steps=25, batch=16, lr=3e-3)
+    path, report = pretrained_default("freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0, cache_dir=tmp_path)
+    assert not report["cached"] and report["pretrain_steps"] == 25
+    assert report["pretrain_dynamics_nll_after"] < 0.7 * report["pretrain_dynamics_nll_before"]
+    assert report["pretrain_format_nll_after"] < report["pretrain_format_nll_before"]
+    again, report2 = pretrained_default("freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0, cache_dir=tmp_path)
+    assert again == path and report2["cached"]
+    other, _ = pretrained_default("freshper/FrozenLake-v0", {"feedback": False}, dataclasses.replace(cfg, steps=1),
+                                  seed=0, cache_dir=tmp_path)
+    assert other != path  # the recipe is part of the cache key
+
+
+def test_vision_pretraining_sees_the_image_and_predicts_the_board_text(tmp_path) -> None:
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+
+    policy = Policy.from_pretrained(build_tiny_model("vision", cache_dir=tmp_path))
+    torch.manual_seed(0)
+    report = pretrain(policy, "freshper/FrozenLakeVision-v0", {"feedback": False},
+                      PretrainConfig(steps=3, batch=4, lr=3e-3), seed=0)
+    assert report["pretrain_steps"] == 3 and np.isfinite(report["pretrain_loss_last"])
+    assert report["pretrain_dynamics_nll_after"] < report["pretrain_dynamics_nll_before"]
+
+
+# -- turn-level credit ---------------------------------------------------------------------------
+def _record(group: int, observations: list[str], rewards: list[float], advantage: float) -> Trajectory:
+    turns = [Turn(o, "<answer>Down</answer>", r, True) for o, r in zip(observations, rewards)]
+    samples = [Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5]) for _ in turns]
+    return Trajectory("x/Y-v0", 0, group, turns, samples, sum(rewards), False, 0, advantage=advantage)
+
+
+def test_step_advantages_normalise_return_to_go_among_identical_states_of_a_group() -> None:
+    a = _record(0, ["s0", "s1"], [0.0, 1.0], advantage=1.0)  # from s0: return-to-go 0.5 (gamma 0.5)
+    b = _record(0, ["s0", "s2"], [0.0, 0.0], advantage=-1.0)  # from s0: 0
+    c = _record(1, ["s0"], [0.0], advantage=0.0)  # another group: s0 is a different anchor there
+    assign_step_advantages([a, b, c], gamma=0.5, weight=2.0)
+    # s0 in group 0: step returns (0.5, 0) -> normalised (+1, -1), weighted by 2
+    assert a.samples[0].advantage == pytest.approx(1.0 + 2.0, abs=1e-4)  # eps in the std
+    assert b.samples[0].advantage == pytest.approx(-1.0 - 2.0, abs=1e-4)
+    # states seen once get only the episode advantage
+    assert a.samples[1].advantage == pytest.approx(1.0) and b.samples[1].advantage == pytest.approx(-1.0)
+    assert c.samples[0].advantage == pytest.approx(0.0)
+
+
+def test_per_sample_advantages_survive_records_on_disk_and_replay_blobs(tmp_path) -> None:
+    rec = _record(0, ["s0", "s1"], [0.0, 1.0], advantage=0.5)
+    rec.samples[0].advantage = 1.25
+    back = Trajectory.from_bytes(rec.to_bytes())
+    assert [s.advantage for s in back.samples] == [1.25, None]
+    save_records([rec], tmp_path)
+    assert [s.advantage for s in load_records(tmp_path)[0].samples] == [1.25, None]
+
+
+def test_step_advantages_reach_the_loss_through_the_batch() -> None:
+    from learner.batch import make_batches
+
+    rec = _record(0, ["s0", "s1"], [0.0, 1.0], advantage=0.5)
+    rec.samples[1].advantage = -2.0
+    (batch,) = make_batches([rec])
+    assert batch.advantages.tolist() == [0.5, -2.0]
+
+
+# -- diagnostics -----------------------------------------------------------------------------------
+def test_frozenlake_counterfactual_probes_differ_only_below_and_right_of_the_player() -> None:
+    env = envs.make("freshper/FrozenLake-v0")
+    probes = env.unwrapped.counterfactual_probes(np.random.default_rng(0), 20)
+    assert len(probes) == 20
+    for a, b, action in probes:
+        assert action == "Down" and a["position"] == b["position"]
+        r, c = a["position"]
+        diff = {(i, j) for i, (ra, rb) in enumerate(zip(a["desc"], b["desc"])) for j in range(len(ra)) if ra[j] != rb[j]}
+        assert diff == {(r + 1, c), (r, c + 1)}
+        assert a["desc"][r + 1][c] == "H" and b["desc"][r][c + 1] == "H"
+        obs, _ = env.reset(seed=0, options=a)
+        assert env.unwrapped.pos == (r, c)
+
+
+def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> None:
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+    from learner.diagnostics import policy_diagnostics
+    from tests.conftest import with_logit_bias
+
+    base = Policy.from_pretrained(build_tiny_model("text"))
+    vocab = base.tokenizer.get_vocab()
+    # Whatever the board, the reply is <answer>Down</answer>: every token of it is pushed up hard.
+    ids = base.encode_reply("<answer>Down</answer>")
+    blind = with_logit_bias(base, {t: 60.0 for t in ids})
+    out = policy_diagnostics(blind, "freshper/FrozenLake-v0", {"feedback": False}, states=12, probes=12)
+    assert out["action_spread"] < 1e-3 and abs(out["counterfactual_shift"]) < 1e-3
+    loose = policy_diagnostics(base, "freshper/FrozenLake-v0", {"feedback": False}, states=12, probes=12)
+    assert loose["action_spread"] > out["action_spread"]  # a random network's output does move with the board
+    assert "<answer>" in vocab
