@@ -237,18 +237,25 @@ def board_reading_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
             + ("reads the board" if reads else "no evidence beyond the board-blind Down/Right habit"))
 
 
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
 def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: float) -> dict[str, Any]:
-    """The final table: success with 95% CIs before and after RL, and the learning verdict."""
-    names = {"initial": "initial (before warm-up)", "baseline": "start of RL (after warm-up)", "final": "final"}
+    """The final table: success with 95% CIs at the start of RL and at the end, the task's probe
+    and the policy diagnostics, and the verdicts (improvement; board reading where a probe ran)."""
+    names = {"baseline": "start of RL", "final": "final"}
     rows = []
-    for key in sorted(evals, key=lambda k: (["initial", "baseline", "final"].index(k.split("_")[0]), k)):
+    for key in sorted(evals, key=lambda k: (["baseline", "final"].index(k.split("_")[0]), k)):
         e = evals[key]
         label = names[key.split("_")[0]] + f", {e.get('decoding', '')}"
         probe = e.get("probe_safe_rate", float("nan"))
         rows.append([label, int(e["episodes_eval"]), f"{e['success']:.3f}",
                      f"[{e['success_ci_low']:.3f}, {e['success_ci_high']:.3f}]", f"{e['return_mean']:.3f}",
-                     f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})"])
-    table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "board probe (safe)"], rows)
+                     f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})",
+                     _fmt(e.get("action_spread")), _fmt(e.get("counterfactual_shift"), "+.2f")])
+    table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "board probe (safe)",
+                          "action spread", "counterfactual"], rows)
     base, final = evals.get("baseline"), evals["final"]
     verdict = "no baseline evaluation"
     learned = False
@@ -262,7 +269,10 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
     if board_text:
         verdict += f"\n{board_text}"
     text = (f"\n{table}\n\n{verdict}\n{state['iteration']} iterations, "
-            f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s")
+            f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s\n"
+            "action spread: mean total-variation distance between the policy's action distributions on different "
+            "states (0 = the same everywhere); counterfactual: how much more the policy takes the move a changed "
+            "detail favours (0 = blind to it)")
     return {"evals": evals, "learned": learned, "reads_board": reads_board, "verdict": verdict, "text": text, "wall_seconds": wall,
             "iterations": state["iteration"], "episodes": state["episodes"]}
 
@@ -273,6 +283,18 @@ def _finite_mean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
+def seed_interval(values: Sequence[float], z: float | None = None) -> tuple[float, float]:
+    """95% interval of the mean over seeds (Student t; one value: the value itself)."""
+    v = np.asarray([x for x in values if math.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return float("nan"), float("nan")
+    if v.size == 1:
+        return float(v[0]), float(v[0])
+    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}.get(v.size, 1.96)
+    half = (z or t) * v.std(ddof=1) / math.sqrt(v.size)
+    return float(v.mean() - half), float(v.mean() + half)
+
+
 def compare_runs(groups: dict[str, list[str | os.PathLike]], out_path: str | os.PathLike | None = None,
                  window: int = 20) -> str:
     """Side by side: per labelled group of run folders (e.g. seeds of one setting), the final
@@ -281,24 +303,30 @@ def compare_runs(groups: dict[str, list[str | os.PathLike]], out_path: str | os.
     episodes and against seconds of RL, one thin line per run and a thick one per group mean."""
     table_rows, curves = [], {}
     for label, dirs in groups.items():
-        finals, probes, per_run = [], [], []
+        finals, probes, greedys, shifts, per_run = [], [], [], [], []
         for d in dirs:
             d = Path(d)
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             final = summary["evals"].get("final", {})
             finals.append(final.get("success", float("nan")))
             probes.append(final.get("probe_safe_rate", float("nan")))
+            greedy = summary["evals"].get("final_greedy", {}).get("success", float("nan"))
+            greedys.append(greedy)
+            shifts.append(final.get("counterfactual_shift", float("nan")))
             table_rows.append([label, d.name, summary["iterations"], summary["episodes"], f"{finals[-1]:.3f}",
                                f"[{final.get('success_ci_low', float('nan')):.3f}, {final.get('success_ci_high', float('nan')):.3f}]",
-                               f"{probes[-1]:.2f}"])
+                               _fmt(greedy, ".3f"), f"{probes[-1]:.2f}", _fmt(shifts[-1], "+.2f")])
             train = [r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "train"]
             success = np.array([r.get("success", np.nan) for r in train], dtype=float)
             smooth = np.array([_finite_mean(success[max(0, i - window + 1): i + 1]) for i in range(len(success))])
             per_run.append((np.array([r["episodes"] for r in train], dtype=float),
                             np.array([r.get("time_total_s", np.nan) for r in train], dtype=float), smooth))
-        table_rows.append([label, "mean", "", "", f"{_finite_mean(finals):.3f}", "", f"{_finite_mean(probes):.2f}"])
+        lo, hi = seed_interval(finals)
+        table_rows.append([label, "mean", "", "", f"{_finite_mean(finals):.3f}", f"[{lo:.3f}, {hi:.3f}] over seeds",
+                           _fmt(_finite_mean(greedys), ".3f"), f"{_finite_mean(probes):.2f}", _fmt(_finite_mean(shifts), "+.2f")])
         curves[label] = per_run
-    text = format_table(["setting", "run", "iterations", "episodes", "final success", "95% CI", "probe"], table_rows)
+    text = format_table(["setting", "run", "iterations", "episodes", "final success", "95% CI", "greedy", "probe",
+                         "counterfactual"], table_rows)
     if out_path is not None:
         import matplotlib
 
