@@ -15,7 +15,14 @@ while the trained replies are ~5 tokens. :func:`sampled_logprobs` therefore runs
 ``repeat_interleave`` and ``index_select`` are differentiable (their backward sums the rows),
 so the gradient of every sample flows into the shared computation: values and gradients equal
 a full forward pass on the sampled positions up to float rounding (tested). This is exact, not
-an approximation. Text models only; vision batches take the ordinary full forward.
+an approximation.
+
+Qwen2-VL-family models take the same three stages with their images: the header is what
+precedes the first vision token, each distinct (prompt, images) pair goes through the vision
+tower and the model once (left-padded, multimodal-rope positions from the model's own
+``get_rope_index``), and reply tokens continue at the prompt's largest position + 1, exactly as
+the vision sampler generated them. Samples whose replies are followed by further images
+(``full`` context) and other VLMs take the ordinary full forward.
 """
 
 from __future__ import annotations
@@ -77,9 +84,13 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     positions from it on hold the log-prob of that token given everything before it.
     Vision models take ``policy.token_logprobs`` (the full forward).
     """
-    if policy.is_vision or not samples:
-        return policy.token_logprobs(samples, images if images is not None else [[] for _ in samples],
-                                     temperature=temperature)
+    if not samples:
+        return policy.token_logprobs(samples, [], temperature=temperature)
+    if policy.is_vision:
+        images = images if images is not None else [[] for _ in samples]
+        if _vision_prefix_applies(policy, samples):
+            return _vision_logprobs(policy, samples, images, temperature)
+        return policy.token_logprobs(samples, images, temperature=temperature)
     model, device = policy.model, policy.device
     cache_arg, logits_to_keep = policy.cache_arg, policy.takes_logits_to_keep
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
@@ -146,10 +157,97 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         logits = torch.cat([first_logits[:, None], out2.logits], dim=1)  # [B, S, V]
     else:
         logits = first_logits[:, None]
-    lp = policy.logprobs_of(logits, suffix, temperature)  # [B, S]
+    return _place(policy.logprobs_of(logits, suffix, temperature), plen, slen, t_max)
+
+
+def _place(lp: torch.Tensor, plen: Sequence[int], slen: Sequence[int], t_max: int) -> torch.Tensor:
+    """Row b's first ``slen[b]`` reply log-probs at columns ``plen[b]..`` of a ``[B, t_max]`` zero
+    tensor (a scatter into zeros: differentiable)."""
+    b, s_max = lp.shape
+    device = lp.device
     valid = torch.arange(s_max, device=device)[None] < torch.as_tensor(slen, device=device)[:, None]
     lp = torch.where(valid, lp, torch.zeros_like(lp))
-    # place row b's S values at columns plen[b] .. (a scatter into a zero row: differentiable)
     cols = (torch.as_tensor(plen, dtype=torch.long)[:, None] + torch.arange(s_max)[None]).to(device)
     full = torch.zeros(b, t_max + s_max, dtype=lp.dtype, device=device).scatter(1, cols, lp)
     return full[:, :t_max]
+
+
+def _vision_prefix_applies(policy, samples: Sequence) -> bool:
+    """Qwen2-VL-family model, and no vision token after any sample's first sampled token."""
+    from agents import sampling_vl
+
+    if not sampling_vl.supports(policy.model):
+        return False
+    vision = np.asarray(policy.suppressed_ids, dtype=np.int64)
+    return not any(np.isin(np.asarray(s.token_ids)[p:], vision).any() for s, p in zip(samples, prompt_lengths(samples)))
+
+
+def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: float) -> torch.Tensor:
+    """The three stages for a Qwen2-VL-family model (see the module docstring)."""
+    from agents.sampling import _new_cache
+    from agents.sampling_vl import _image_key, _rope_positions
+
+    model, device, cache_arg = policy.model, policy.device, policy.cache_arg
+    ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
+    b, t_max = len(ids), max(len(x) for x in ids)
+    plen = prompt_lengths(samples)
+    index: dict[tuple, int] = {}
+    inverse = np.empty(b, dtype=np.int64)
+    rows: list[np.ndarray] = []
+    row_images: list[np.ndarray] = []
+    for i, (x, p) in enumerate(zip(ids, plen)):
+        key = (x[:p].tobytes(), tuple(_image_key(im) for im in images[i]))
+        if key not in index:
+            index[key] = len(rows)
+            rows.append(x[:p])
+            row_images.extend(images[i])
+        inverse[i] = index[key]
+    u = len(rows)
+    vision_ids = set(policy.suppressed_ids)
+    before_vision = next((i for i, t in enumerate(rows[0].tolist()) if t in vision_ids), len(rows[0]))
+    region = common_prefix_length(rows, limit=min(min(len(r) for r in rows) - 1, before_vision))
+    region = region if region >= MIN_PREFIX else 0
+    width = max(len(r) for r in rows) - region
+    full = torch.full((u, region + width), policy.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((u, region + width), dtype=torch.long)
+    for k, r in enumerate(rows):  # the header left-aligned, each remainder right-aligned (left padding)
+        full[k, :region] = torch.as_tensor(r[:region])
+        mask[k, :region] = 1
+        full[k, region + width - (len(r) - region):] = torch.as_tensor(r[region:])
+        mask[k, region + width - (len(r) - region):] = 1
+    full, mask = full.to(device), mask.to(device)
+    vision = policy.vision_inputs(row_images)
+    positions = _rope_positions(policy, full, mask, vision.get("image_grid_thw"))  # [3, U, W]
+
+    # 1. the header, once; 2. each distinct prompt with its images, once
+    cache = _new_cache(model)
+    if region:
+        model(input_ids=full[:1, :region], position_ids=positions[:, :1, :region], use_cache=True, logits_to_keep=1,
+              **{cache_arg: cache})
+        if u > 1:
+            cache.batch_repeat_interleave(u)
+    out = model(input_ids=full[:, region:], attention_mask=mask, position_ids=positions[:, :, region:],
+                use_cache=True, logits_to_keep=1, **vision, **{cache_arg: cache})
+    rows_t = torch.as_tensor(inverse, device=device)
+    first_logits = out.logits[:, -1].index_select(0, rows_t)  # [B, V]: each reply's first token
+
+    # 3. the replies on the gathered caches, continuing at the prompt's largest position + 1
+    slen = [len(x) - p for x, p in zip(ids, plen)]
+    s_max = max(slen)
+    suffix = torch.full((b, s_max), policy.pad_token_id, dtype=torch.long)
+    for i, (x, p) in enumerate(zip(ids, plen)):
+        suffix[i, : len(x) - p] = torch.as_tensor(x[p:])
+    suffix = suffix.to(device)
+    if s_max > 1:
+        cache = getattr(out, cache_arg)
+        _select_rows(cache, rows_t)
+        reply_mask = (torch.arange(s_max - 1)[None] < torch.as_tensor(slen)[:, None] - 1).long().to(device)
+        attn = torch.cat([mask.index_select(0, rows_t), reply_mask], dim=1)
+        start = (positions.amax(dim=(0, 2)) + 1).index_select(0, rows_t)  # [B]
+        pos = (start[:, None] + torch.arange(s_max - 1, device=device)[None])[None].expand(3, -1, -1)
+        out2 = model(input_ids=suffix[:, :-1], attention_mask=attn, position_ids=pos, use_cache=True,
+                     **{cache_arg: cache})
+        logits = torch.cat([first_logits[:, None], out2.logits], dim=1)
+    else:
+        logits = first_logits[:, None]
+    return _place(policy.logprobs_of(logits, suffix, temperature), plen, slen, t_max)

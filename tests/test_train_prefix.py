@@ -119,3 +119,65 @@ def test_full_context_samples(policy) -> None:
     samples = [s for r in records for s in r.samples]
     assert any(np.diff(np.asarray(s.loss_mask)).clip(min=0).sum() > 1 for s in samples)  # several segments
     _assert_same_as_full_forward(policy, samples)
+
+
+@pytest.fixture(scope="module")
+def vision_policy():
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    return Policy.from_pretrained(build_tiny_model("vision"))
+
+
+def _assert_vision_same_as_full_forward(policy, records, temperature: float = 1.0) -> None:
+    samples = [s for r in records for s in r.samples if s.num_sampled]
+    images = [[r.images[k] for k in s.image_ids] for r in records for s in r.samples if s.num_sampled]
+    mask = _mask(samples)
+    weights = torch.linspace(0.5, 1.5, mask.numel()).reshape(mask.shape) * mask
+    policy.model.zero_grad(set_to_none=True)
+    full = policy.token_logprobs(samples, images, temperature=temperature)
+    torch.where(mask > 0, full * weights, torch.zeros_like(full)).sum().backward()
+    g_full = [None if p.grad is None else p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad(set_to_none=True)
+    fast = sampled_logprobs(policy, samples, images, temperature=temperature)
+    torch.where(mask > 0, fast * weights, torch.zeros_like(fast)).sum().backward()
+    g_fast = [None if p.grad is None else p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad(set_to_none=True)
+    assert float(((fast - full).detach().abs() * mask).max()) < 1e-5
+    # ... and both equal the behaviour log-probs the vision sampler recorded
+    mu = _mask(samples) * 0
+    for i, s in enumerate(samples):
+        mu[i, : len(s.token_ids)] = torch.as_tensor(s.behavior_logprobs)
+    if temperature == 1.0:
+        assert float(((fast.detach() - mu).abs() * mask).max()) < 1e-4
+    for a, b in zip(g_full, g_fast):
+        if a is None or b is None:
+            assert a is None and b is None
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("context", ["window:0", "window:1"])
+def test_vision_shared_prompts_match_full_forward_with_gradients(vision_policy, context) -> None:
+    from agents.runner import Runner
+    from learner.prefix import _vision_prefix_applies
+
+    records, _ = Runner(vision_policy, "freshper/FrozenLakeVision-v0", group_size=2, max_new_tokens=4, seed=5,
+                        context=context, env_kwargs={"feedback": False}).collect([21, 22], policy_version=0)
+    samples = [s for r in records for s in r.samples if s.num_sampled]
+    assert _vision_prefix_applies(vision_policy, samples)
+    _assert_vision_same_as_full_forward(vision_policy, records)
+    _assert_vision_same_as_full_forward(vision_policy, records, temperature=0.7)
+
+
+def test_vision_full_context_takes_the_full_forward(vision_policy) -> None:
+    from agents.runner import Runner
+    from learner.prefix import _vision_prefix_applies
+
+    records, _ = Runner(vision_policy, "freshper/FrozenLakeVision-v0", group_size=1, max_new_tokens=4, seed=5,
+                        context="full").collect([23], policy_version=0)
+    samples = [s for r in records for s in r.samples]
+    if records[0].num_turns > 1:
+        assert not _vision_prefix_applies(vision_policy, samples)
+    _assert_vision_same_as_full_forward(vision_policy, records)
