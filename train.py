@@ -156,8 +156,10 @@ class Config:
     """floor of the base priority"""
     alpha: float = 1.0
     """priority exponent"""
-    tau: float = 10.0
-    """freshness decay in optimizer steps (sampling half-life tau ln2 / alpha)"""
+    tau: float | str = 10.0
+    """freshness decay in optimizer steps (sampling half-life tau ln2 / alpha); 'auto': set online from the measured policy drift so replayed tokens keep --tau-target-ess (starting at 10)"""
+    tau_target_ess: float = 0.9
+    """with --tau auto: the IS effective sample size (per token, normalised) replayed data should keep"""
     beta: float = 0.4
     """initial IS-correction exponent, annealed linearly to beta_final"""
     beta_final: float = 1.0
@@ -196,7 +198,7 @@ class Config:
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_seconds",
                     "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
-                    "priority_eps", "alpha", "tau", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
+                    "priority_eps", "alpha", "tau", "tau_target_ess", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
 
 
 # -- config: CLI and YAML (the generic part is learner/cli.py) ---------------------------------
@@ -258,8 +260,12 @@ def validate(cfg: Config) -> None:
         (cfg.time_budget is None or cfg.time_budget >= 0, "--time-budget must be >= 0"),
         (cfg.replay_ratio >= 0, "--replay-ratio must be >= 0"),
         (cfg.beta_anneal_steps >= 0, "--beta-anneal-steps must be >= 0"),
-        (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.tau > 0 and cfg.alpha >= 0),
-         "--buffer-capacity must be >= 1, --tau > 0 and --alpha >= 0"),
+        (cfg.tau == "auto" or (isinstance(cfg.tau, (int, float)) and math.isfinite(cfg.tau) and cfg.tau > 0),
+         f"--tau must be a positive number or 'auto', got {cfg.tau!r}"),
+        (0.0 < cfg.tau_target_ess < 1.0, "--tau-target-ess must be in (0, 1)"),
+        (cfg.tau != "auto" or cfg.replay == "fresh", "--tau auto needs --replay fresh"),
+        (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.alpha >= 0),
+         "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
     ]
@@ -392,8 +398,10 @@ def setup(cfg: Config) -> Run:
         if policy.is_vision != (modality == "vision"):
             raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
                              f"{cfg.env_id} is a {modality} task")
-        replay = ReplaySettings(cfg.replay, cfg.buffer_capacity, cfg.alpha, cfg.tau, cfg.beta, cfg.beta_final,
-                                cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed)
+        auto_tau = cfg.tau == "auto"
+        replay = ReplaySettings(cfg.replay, cfg.buffer_capacity, cfg.alpha, 10.0 if auto_tau else float(cfg.tau),
+                                cfg.beta, cfg.beta_final, cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed,
+                                auto_tau=auto_tau, target_ess=cfg.tau_target_ess)
         state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay)
         if resume is not None:
             state.load(resume, cfg.lr)
@@ -502,6 +510,8 @@ def iteration(run: Run) -> dict[str, Any]:
         batch = buffer.sample(min(cfg.replay_batch or cfg.tasks_per_iter * cfg.group_size, len(buffer)), step=c.global_step)
         replays.append(update(run, list(batch.items), batch.weights, batch.ages, on_policy=False))
         c.global_step += int(not replays[-1]["skipped"])
+        if run.state.tau_controller is not None and run.state.tau_controller.observe(replays[-1].get("drift_per_step")):
+            buffer.set_tau(run.state.tau_controller.tau)
     t3 = time.monotonic()
     check_nonfinite(run, [upd, *replays], it)
     c.iteration += 1
@@ -549,7 +559,10 @@ def log_row(run: Run, records: list, collected: dict[str, float], upd: dict[str,
             row[f"replay_{k}" if not k.startswith("ess") else k] = float(np.mean([st[k] for st in replays if k in st]))
         ages = buffer.age_stats(c.global_step)
         row.update(buffer_size=ages["size"], buffer_age_mean=ages.get("age_mean", 0.0),
-                   buffer_age_max=ages.get("age_max", 0.0))
+                   buffer_age_max=ages.get("age_max", 0.0), tau=buffer.tau)
+        if ages.get("age_hist") is not None:
+            row["buffer_age_hist"] = ages["age_hist"]
+            row["buffer_age_mass"] = ages["age_mass"]
     return row
 
 

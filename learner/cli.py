@@ -33,7 +33,15 @@ def parse_value(kind: str, text: str) -> Any:
     if kind.startswith("dict"):
         return json.loads(text)
     base = kind.replace(" | None", "")
-    return {"int": int, "float": float, "str": str}[base](text)
+    casts = {"int": int, "float": float, "str": str}
+    if " | " in base:  # a union such as ``float | str``: the first type that takes the text
+        for name in base.split(" | "):
+            try:
+                return casts[name](text)
+            except ValueError:
+                continue
+        raise ValueError(f"{text!r} is not a {base}")
+    return casts[base](text)
 
 
 def dataclass_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 #: Age buckets (optimizer steps since collection) for the IS effective-sample-size stats.
@@ -149,12 +151,14 @@ class LossStats:
         if ages is not None:
             ages = ages.reshape(-1)
             for lo, hi in AGE_BUCKETS:
-                sel = r[(ages >= lo) & (ages <= hi)]
+                inside = (ages >= lo) & (ages <= hi)
+                sel = r[inside]
                 if sel.numel():
-                    b = self.buckets.setdefault(age_bucket_name(lo, hi), [0.0, 0.0, 0.0])
+                    b = self.buckets.setdefault(age_bucket_name(lo, hi), [0.0, 0.0, 0.0, 0.0])
                     b[0] += sel.numel()
                     b[1] += float(sel.sum())
                     b[2] += float((sel * sel).sum())
+                    b[3] += float(ages[inside].double().sum())
 
     def merge(self, other: "LossStats") -> "LossStats":
         """Add another micro-batch's statistics into this one; returns self."""
@@ -164,12 +168,24 @@ class LossStats:
         self.ratio_sum += other.ratio_sum
         self.ratio_sq += other.ratio_sq
         self.ratio_max, self.ratio_min = max(self.ratio_max, other.ratio_max), min(self.ratio_min, other.ratio_min)
-        for name, (n, s1, s2) in other.buckets.items():
-            b = self.buckets.setdefault(name, [0.0, 0.0, 0.0])
-            b[0] += n
-            b[1] += s1
-            b[2] += s2
+        for name, values in other.buckets.items():
+            b = self.buckets.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            for k, v in enumerate(values):
+                b[k] += v
         return self
+
+    def drift_rate(self) -> float | None:
+        """How fast replayed data goes stale, per optimizer step of age: ``c`` in the model
+        ``ESS(age) = exp(-c age)``, fitted through the per-bucket ESS of tokens older than 0
+        (``-ln ESS_b / mean age_b``, weighted by tokens). None without such tokens."""
+        num = den = 0.0
+        for n, s1, s2, age_sum in self.buckets.values():
+            if n == 0 or age_sum <= 0:
+                continue
+            ess = max(_ess(n, s1, s2), 1e-12)
+            num += n * (-math.log(min(ess, 1.0)))
+            den += age_sum
+        return num / den if den > 0 else None
 
     def summary(self) -> dict[str, float]:
         if self.tokens == 0:
@@ -180,7 +196,7 @@ class LossStats:
         for lo, hi in AGE_BUCKETS:
             name = age_bucket_name(lo, hi)
             if name in self.buckets:
-                out[f"ess/age_{name}"] = _ess(*self.buckets[name])
+                out[f"ess/age_{name}"] = _ess(*self.buckets[name][:3])
         out.update(clip_frac=self.clipped / self.tokens, kl=self.kl_sum / self.tokens, tokens=self.tokens)
         return out
 

@@ -184,7 +184,8 @@ def _vision_prefix_applies(policy, samples: Sequence) -> bool:
 
 def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: float) -> torch.Tensor:
     """The three stages for a Qwen2-VL-family model (see the module docstring)."""
-    from agents.sampling import _new_cache
+    from transformers import DynamicCache
+
     from agents.sampling_vl import _image_key, _rope_positions
 
     model, device, cache_arg = policy.model, policy.device, policy.cache_arg
@@ -220,7 +221,7 @@ def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: f
     positions = _rope_positions(policy, full, mask, vision.get("image_grid_thw"))  # [3, U, W]
 
     # 1. the header, once; 2. each distinct prompt with its images, once
-    cache = _new_cache(model)
+    cache = DynamicCache(config=model.config)  # a plain cache: its tensors are never written in place
     if region:
         model(input_ids=full[:1, :region], position_ids=positions[:, :1, :region], use_cache=True, logits_to_keep=1,
               **{cache_arg: cache})

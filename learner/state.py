@@ -59,6 +59,8 @@ class ReplaySettings:
     beta_anneal_steps: int = 1000
     eps: float = 1e-2
     seed: int = 0
+    auto_tau: bool = False  # set tau online (learner.autotau); ``tau`` is then the starting value
+    target_ess: float = 0.9
 
     def build(self):
         if self.mode == "none":
@@ -80,6 +82,11 @@ class TrainerState:
         self.replay = replay
         self.buffer = replay.build()
         self.counters = Counters()
+        self.tau_controller = None
+        if replay.auto_tau and self.buffer is not None:
+            from learner.autotau import TauController
+
+            self.tau_controller = TauController(alpha=replay.alpha, target_ess=replay.target_ess, tau=replay.tau)
 
     def set_lr(self, lr: float) -> None:
         """Make ``lr`` the learning rate from now on (optimizer and schedule agree)."""
@@ -92,7 +99,9 @@ class TrainerState:
     def save(self, folder: Path) -> None:
         """Write ``trainer.pt`` (optimizer, schedule, counters, RNG states) and ``replay.npz``."""
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "state": dataclasses.asdict(self.counters), "rng": rng_state()}, folder / TRAINER_FILE)
+                    "state": dataclasses.asdict(self.counters), "rng": rng_state(),
+                    "tau_controller": None if self.tau_controller is None else self.tau_controller.state_dict()},
+                   folder / TRAINER_FILE)
         if self.buffer is not None:
             self.buffer.save(folder / REPLAY_FILE, TrajectoryCodec())
 
@@ -104,6 +113,8 @@ class TrainerState:
             self.scheduler.load_state_dict(saved["scheduler"])
             self.counters = Counters(**saved["state"])
             set_rng_state(saved["rng"])
+            if self.tau_controller is not None and saved.get("tau_controller"):
+                self.tau_controller.load_state_dict(saved["tau_controller"])
             if self.buffer is not None:
                 from replay.buffer import ReplayBuffer
 
@@ -111,7 +122,8 @@ class TrainerState:
         except Exception as exc:  # noqa: BLE001 - any failure here means the checkpoint is unusable
             raise CheckpointError(f"cannot restore training state from {folder}: {exc}") from exc
         if self.buffer is not None:
-            keys = ("mode", "capacity", "alpha", "tau", "beta", "beta_final", "beta_anneal_steps", "eps")
+            keys = ("mode", "capacity", "alpha", "beta", "beta_final", "beta_anneal_steps", "eps")
+            keys += () if self.tau_controller is not None else ("tau",)
             differ = {k: (getattr(self.buffer, k), getattr(self.replay, k)) for k in keys
                       if getattr(self.buffer, k) != getattr(self.replay, k)}
             if differ:

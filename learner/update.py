@@ -65,6 +65,9 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     if scheduler is not None:
         scheduler.step()
     out: dict[str, Any] = stats.summary()
+    drift = stats.drift_rate()
+    if drift is not None:
+        out["drift_per_step"] = drift
     out.update(loss=total_loss, grad_norm=float(grad_norm), seq_tokens=float(seq_tokens), skipped=0.0,
                weight_mean=float(np.mean(weights)) if len(weights) else 1.0)
     if on_policy:

@@ -228,6 +228,19 @@ class ReplayBuffer:
                 self._min.set(slots, self._key[slots])
             return int(live.sum())
 
+    def set_tau(self, tau: float) -> None:
+        """Change the age decay from now on. Afterwards the buffer samples exactly as one built
+        with this ``tau`` would (every leaf is recomputed once: O(N))."""
+        tau = float(tau)
+        if not (tau > 0 and np.isfinite(tau)):
+            raise ValueError(f"tau must be a positive number, got {tau}")
+        with self._lock:
+            self.tau = tau
+            self._rate = self.alpha / self.tau if self.mode in ("fresh", "refresh") else 0.0
+            if self.mode == "fresh" and self._size:
+                self._t_ref = float(self._t[: self._size].max())
+            self._rebuild()
+
     def beta_at(self, step: float) -> float:
         """beta annealed linearly from ``beta`` to ``beta_final`` over ``beta_anneal_steps``."""
         if self.beta_anneal_steps == 0:

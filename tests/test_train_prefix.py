@@ -169,6 +169,7 @@ def test_vision_shared_prompts_match_full_forward_with_gradients(vision_policy, 
     assert _vision_prefix_applies(vision_policy, samples)
     _assert_vision_same_as_full_forward(vision_policy, records)
     _assert_vision_same_as_full_forward(vision_policy, records, temperature=0.7)
+    _assert_vision_same_as_full_forward(vision_policy, records[:1])  # one distinct prompt: no cache repeat
 
 
 def test_vision_full_context_takes_the_full_forward(vision_policy) -> None:

@@ -1,0 +1,77 @@
+"""``--tau auto``: the drift estimate, the controller's direction, an exact re-keying of the buffer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from learner.autotau import TauController
+from learner.loss import LossStats
+from replay import ReplayBuffer
+
+
+def _lognormal_ratios(n: int, sigma2: float, rng: np.random.Generator) -> np.ndarray:
+    """Ratios with E[rho] = 1 whose normalised ESS is exp(-sigma^2)."""
+    return np.exp(rng.normal(-sigma2 / 2, math.sqrt(sigma2), n))
+
+
+@pytest.mark.parametrize("c", [0.01, 0.05])
+def test_drift_rate_recovers_the_decay_of_the_ess_with_age(c: float) -> None:
+    rng = np.random.default_rng(0)
+    stats = LossStats()
+    for age in (1, 2, 4, 6, 12, 20):
+        rho = _lognormal_ratios(40_000, c * age, rng)
+        stats.add_ratios(torch.as_tensor(rho), torch.full((len(rho),), float(age)))
+    assert stats.drift_rate() == pytest.approx(c, rel=0.1)
+    fresh = LossStats()
+    fresh.add_ratios(torch.ones(10), torch.zeros(10))
+    assert fresh.drift_rate() is None  # no token older than 0: nothing to fit
+
+
+def test_a_faster_drifting_policy_gets_a_shorter_memory() -> None:
+    slow, fast = TauController(alpha=1.0, target_ess=0.9), TauController(alpha=1.0, target_ess=0.9)
+    for _ in range(50):
+        slow.observe(0.005)
+        fast.observe(0.05)
+    assert fast.tau < slow.tau
+    assert slow.tau == pytest.approx((1 / 0.9 - 1) / 0.005, rel=0.02)
+    # the expected replayed-token ESS under exponential ages, 1 / (1 + c tau / alpha), is the target
+    assert 1 / (1 + 0.05 * fast.tau) == pytest.approx(0.9, rel=0.01)
+    before = slow.tau
+    assert not slow.observe(None) and slow.tau == before
+
+
+def test_set_tau_samples_exactly_like_a_buffer_built_with_that_tau() -> None:
+    rng = np.random.default_rng(1)
+    a = ReplayBuffer(50, mode="fresh", alpha=0.7, tau=10.0, seed=0)
+    b = ReplayBuffer(50, mode="fresh", alpha=0.7, tau=3.0, seed=0)
+    for step in range(12):
+        items, p = list(range(step * 5, step * 5 + 5)), rng.random(5) + 0.01
+        a.add(items, p, step=step)
+        b.add(items, p, step=step)
+    a.set_tau(3.0)
+    pa, pb = a.probabilities(12), b.probabilities(12)
+    np.testing.assert_allclose(pa[1], pb[1], rtol=1e-12)
+    np.testing.assert_array_equal(pa[0], pb[0])
+    with pytest.raises(ValueError):
+        a.set_tau(0.0)
+
+
+def test_train_with_tau_auto_moves_tau_and_resumes(tmp_path) -> None:
+    import train
+    from learner.report import read_metrics
+
+    cfg = train.Config(runs_root=str(tmp_path), run_name="auto", env_id="freshper/FrozenLake-v0", tasks_per_iter=2,
+                       group_size=4, max_new_tokens=6, pretrain_steps=10, pretrain_batch=16, pretrain_lr=3e-3,
+                       iterations=4, replay="fresh", tau="auto", replay_batch=8, eval_every=0, final_eval_episodes=2,
+                       eval_both=False, checkpoint_every=2, progress=False, tensorboard=False, threads=1, lr=3e-3)
+    train.train(cfg)
+    rows = [r for r in read_metrics(tmp_path / "auto" / "metrics.jsonl") if r["kind"] == "train"]
+    assert all("tau" in r for r in rows) and rows[-1]["tau"] != 10.0
+    assert any("drift_per_step" in r or "replay_drift_per_step" in r for r in rows)
+    assert train.parse_config(["--tau", "auto", "--replay", "fresh"]).tau == "auto"
+    with pytest.raises(ValueError, match="--tau auto needs --replay fresh"):
+        train.parse_config(["--tau", "auto"])
