@@ -241,6 +241,16 @@ def test_play_over_http_steps_types_and_saves(server: ViewServer, runs: Path) ->
     assert _get(server, f"/episode/plays/{folder.name}?n=0").count('data-testid="typed"') == 1
 
 
+def test_other_hosts_and_cross_site_forms_are_refused(server: ViewServer) -> None:
+    """No data leaves the machine: a page elsewhere can neither read the viewer through another
+    Host name (DNS rebinding) nor post forms to it."""
+    assert httpx.get(server.url + "/", headers={"Host": "evil.example"}, timeout=30).status_code == 400
+    r = httpx.post(server.url + "/play", data={"env_id": TEXT}, headers={"Origin": "http://evil.example"}, timeout=30)
+    assert r.status_code == 403 and "refused" in r.text
+    own = httpx.post(server.url + "/play", data={"env_id": TEXT, "seed": "x"}, headers={"Origin": server.url}, timeout=30)
+    assert own.status_code == 400 and "the seed must be a whole number" in own.text
+
+
 def test_the_cli_binds_loopback_and_refuses_a_missing_folder(server: ViewServer, tmp_path: Path) -> None:
     assert f"http://127.0.0.1:{server.port}/" in server.output()
     out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path / "missing")], cwd=REPO,

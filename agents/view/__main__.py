@@ -33,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agents.view.runs import ViewError
 
     try:
-        app = create_app(args.runs, args.play_dir)
+        loopback = args.host in ("127.0.0.1", "localhost", "::1")
+        app = create_app(args.runs, args.play_dir, allowed_hosts=None if loopback else ["*"])
     except ViewError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not loopback:
         print(f"warning: serving on {args.host}: anyone who can reach this machine can see the runs and load models",
               file=sys.stderr)
     viewer = app.state.viewer

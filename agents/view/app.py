@@ -90,7 +90,7 @@ class Viewer:
 
     def run(self, name: str) -> RunInfo:
         path = safe_join(self.root, name)
-        if not is_run_folder(path):
+        if not is_run_folder(path) or (self.only is not None and path != (self.root / self.only).resolve()):
             raise ViewError(f"no run called {name!r} under {self.root} (a run folder holds config.yaml, "
                             "metrics.jsonl or summary.json)", status=404)
         return load_run(self.root, path)
@@ -171,7 +171,7 @@ class Viewer:
         out = []
         for name in names:
             run = self.run(name)
-            out.append({"name": run.name, "rows": finite(run.metrics), "problems": run.problems})
+            out.append({"name": run.name, "rows": finite(run.metrics), "problems": run.metrics_problems})
         return JSONResponse({"runs": out})
 
     def episodes(self, request: Request) -> Response:
@@ -271,7 +271,8 @@ class Viewer:
                      "gif": (session.saved_to / "episode.gif").is_file()}
         return self.render("play.html", status=status, s=session, rec=rec, turns=ep.turn_views(rec, tokenizer),
                            image_url=f"/play/{session.id}/image?k=", error=error, saved=saved,
-                           frame=len(session.frames) - 1)
+                           frame=len(session.frames) - 1,
+                           frame_url=f"/play/{session.id}/frame?k=" if session.frames else None)
 
     async def play_step(self, request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
@@ -363,9 +364,37 @@ def _parse_kwargs(text: str) -> dict[str, Any]:
         raise ViewError(f"task options: {exc}") from None
 
 
-def create_app(root: str | Path, play_dir: str | Path | None = None) -> Starlette:
+#: Host names a loopback-bound viewer answers to (any other Host header is refused, so a web
+#: page elsewhere cannot read the runs through DNS rebinding).
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+
+class SameOriginPosts:
+    """ASGI middleware: refuse a POST whose ``Origin`` is another site (a page elsewhere
+    submitting a form to this viewer); forms of the viewer's own pages pass."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            origin, host = headers.get("origin"), headers.get("host", "")
+            if origin and origin != "null" and origin.split("://", 1)[-1] != host:
+                response = HTMLResponse(f"refused: a form from {origin} may not post to this viewer", status_code=403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(root: str | Path, play_dir: str | Path | None = None,
+               allowed_hosts: list[str] | None = None) -> Starlette:
     """The viewer app serving the run folders under ``root``; played episodes are saved to
-    ``play_dir`` (default ``root/play``)."""
+    ``play_dir`` (default ``root/play``). ``allowed_hosts`` are the Host names it answers to
+    (default: the loopback names; ``["*"]`` for any)."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
     viewer = Viewer(Path(root), Path(play_dir) if play_dir else None)
 
     async def view_error(request: Request, exc: Exception) -> Response:
@@ -405,7 +434,9 @@ def create_app(root: str | Path, play_dir: str | Path | None = None) -> Starlett
         Route("/saved/{folder:path}", viewer.saved_file),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={ViewError: view_error, HTTPException: http_error,
-                                                       Exception: server_error})
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or LOOPBACK_HOSTS),
+                  Middleware(SameOriginPosts)]
+    app = Starlette(routes=routes, middleware=middleware,
+                    exception_handlers={ViewError: view_error, HTTPException: http_error, Exception: server_error})
     app.state.viewer = viewer
     return app

@@ -24,6 +24,8 @@ from agents.view.runs import ViewError
 
 logger = logging.getLogger(__name__)
 
+#: How many records folders stay in memory (the oldest read is dropped first).
+RECORDS_CACHE_FOLDERS = 16
 _records_lock = threading.Lock()
 _records_cache: dict[Path, tuple[tuple[float, int], list[Trajectory]]] = {}
 _tokenizer_lock = threading.Lock()
@@ -49,6 +51,8 @@ def records_in(folder: Path) -> list[Trajectory]:
         raise ViewError(f"the records in {folder.name} cannot be read: {exc}") from exc
     with _records_lock:
         _records_cache[folder] = (key, records)
+        while len(_records_cache) > RECORDS_CACHE_FOLDERS:
+            _records_cache.pop(next(iter(_records_cache)))
     return records
 
 

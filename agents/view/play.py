@@ -101,7 +101,7 @@ class PlaySession:
     terminated: bool = False
     truncated: bool = False
     saved_to: Path | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while the session is stepped
 
     @property
     def done(self) -> bool:
@@ -209,6 +209,8 @@ class Sessions:
         self.limit = limit
         self._items: OrderedDict[str, PlaySession] = OrderedDict()
         self._lock = threading.Lock()
+        #: One model call at a time across sessions (they may share a policy; CPUs are few anyway).
+        self.model_lock = threading.Lock()
         self.policies = PolicyCache()
 
     def start(self, env_id: str, seed: int, model: str, *, greedy: bool = True,
@@ -231,7 +233,8 @@ class Sessions:
             raise ViewError(f"cannot start {env_id} with {kwargs or 'its defaults'}: {exc}") from exc
         player = ModelPlayer(label, env_id, policy=policy, greedy=greedy, max_new_tokens=max_new_tokens, seed=int(seed))
         player.reset(obs, info)
-        session = PlaySession(secrets.token_hex(8), env_id, int(seed), label, env, player, kwargs, obs, info)
+        session = PlaySession(secrets.token_hex(8), env_id, int(seed), label, env, player, kwargs, obs, info,
+                              lock=self.model_lock)
         session._observe()
         with self._lock:
             self._items[session.id] = session

@@ -28,6 +28,12 @@ CHECKPOINT_NAME = re.compile(r"^iter_(\d{6,})$")
 _NOT_RUNS = {"checkpoints", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__"}
 
 
+#: Settings shown at the top of a run page (the whole config.yaml is below them).
+KEY_SETTINGS = ("env_id", "model", "seed", "context", "pretrain_steps", "tasks_per_iter", "group_size", "iterations",
+                "time_budget", "advantage", "loss", "lr", "kl_coef", "replay", "replay_ratio", "priority", "alpha", "tau",
+                "beta")
+
+
 class ViewError(Exception):
     """Something the user asked for cannot be shown; the message says why and what to do."""
 
@@ -205,12 +211,18 @@ class RunInfo:
     summary_text: str = ""
     metrics: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    metrics_problems: list[str] = field(default_factory=list)  # the lines of metrics.jsonl that were skipped
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     phases: list[str] = field(default_factory=list)  # eval/<phase> folders holding records.jsonl
 
     @property
     def env_id(self) -> str:
         return str(self.config.get("env_id") or "")
+
+    @property
+    def key_settings(self) -> list[tuple[str, Any]]:
+        """The settings that tell runs apart, in a fixed order (those the config has)."""
+        return [(k, self.config[k]) for k in KEY_SETTINGS if k in self.config]
 
     @property
     def has_curves(self) -> bool:
@@ -269,8 +281,8 @@ def load_run(root: Path, path: Path) -> RunInfo:
         info.problems.append("no config.yaml in this run folder")
     metrics_path = path / "metrics.jsonl"
     if metrics_path.is_file():
-        info.metrics, problems = read_metrics_lines(metrics_path)
-        info.problems += problems
+        info.metrics, info.metrics_problems = read_metrics_lines(metrics_path)
+        info.problems += info.metrics_problems
     summary_path = path / "summary.json"
     if summary_path.is_file():
         try:

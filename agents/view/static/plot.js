@@ -148,7 +148,9 @@
     }
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs), y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
     if (x1 === x0) { x0 -= 1; x1 += 1; }
-    if (y1 === y0) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+    if (y1 === y0) {
+      if (y0 === 0) { y1 = 1; } else { var d = Math.abs(y0) * 0.1; y0 -= d; y1 += d; }
+    }
     var pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
     var sx = function (v) { return L + (v - x0) / (x1 - x0) * (W - L - R); };
     var sy = function (v) { return T + (1 - (v - y0) / (y1 - y0)) * (H - T - B); };
@@ -181,7 +183,7 @@
     hit.addEventListener("mousemove", function (ev) { self.hover(ev); });
     hit.addEventListener("mouseleave", function () { self.tip.style.display = "none"; self.cursor.setAttribute("visibility", "hidden"); });
     var problems = [];
-    this.data.forEach(function (run) { if (run.problems && run.problems.length) problems.push(run.name + ": " + run.problems.length + " line(s) skipped or other problems (see the run page)"); });
+    this.data.forEach(function (run) { if (run.problems && run.problems.length) problems.push(run.name + ": " + run.problems.length + " line(s) of metrics.jsonl skipped (see the run page)"); });
     this.note.textContent = problems.join("; ");
   };
 
