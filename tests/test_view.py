@@ -158,6 +158,25 @@ def test_a_played_episode_is_recorded_with_model_and_typed_turns(tmp_path: Path)
         sessions.get("nope")
 
 
+def test_a_played_vision_episode_records_the_image_of_every_turn(tmp_path: Path) -> None:
+    from agents.view.play import TINY, Sessions
+
+    session = Sessions().start("freshper/FrozenLakeVision-v0", 3, TINY)
+    session.step_model()
+    session.step_typed("Down")
+    rec = session.trajectory()
+    assert [t.image_index for t in rec.turns] == [0, 1] and len(rec.images) == 3
+    assert rec.info["final_image_index"] == 2 and [s.image_ids for s in rec.samples] == [[0], [1]]
+    assert np.array_equal(rec.images[-1], session.env.unwrapped.render_image())
+    policy = session.player.policy
+    with torch.no_grad():
+        rescored = policy.token_logprobs(rec.samples[:1], [[rec.images[0]]])
+    m = rec.samples[0].loss_mask.astype(bool)
+    assert np.allclose(rescored[0].numpy()[m], rec.samples[0].behavior_logprobs[m], atol=1e-4)
+    (back,) = load_records(session.save(tmp_path / "v")[0])
+    assert all(np.array_equal(a, b) for a, b in zip(back.images, rec.images))
+
+
 # -- the served pages ------------------------------------------------------------------------------
 def _get(server: ViewServer, path: str, status: int = 200) -> str:
     r = httpx.get(server.url + path, timeout=120)
@@ -256,3 +275,11 @@ def test_the_cli_binds_loopback_and_refuses_a_missing_folder(server: ViewServer,
     out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path / "missing")], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "is not a folder" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_single_run_folder_is_served_alone(runs: Path) -> None:
+    with ViewServer(runs / "text") as srv:
+        assert 'data-run="text"' in _get(srv, "/") and 'data-run="damaged"' not in _get(srv, "/")
+        assert "no run called &#39;damaged&#39;" in _get(srv, "/run/damaged", 404)
+        assert _get(srv, "/episodes/runs/text/eval/final").count('data-testid="episode-row"') == 2
+        assert "no records.jsonl" in _get(srv, "/episodes/runs/damaged/eval/final", 404)

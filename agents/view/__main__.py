@@ -13,6 +13,7 @@ from typing import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, build the app and serve it until interrupted; 2 on a bad folder."""
     parser = argparse.ArgumentParser(prog="python -m agents.view", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", default="runs", help="a folder of run folders, or one run folder (default: runs)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")

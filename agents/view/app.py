@@ -80,15 +80,18 @@ class Viewer:
 
     # -- helpers -----------------------------------------------------------------------------
     def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        """A template rendered as an HTML response."""
         return HTMLResponse(self.env.get_template(name).render(**context), status_code=status)
 
     def runs(self) -> list[Path]:
+        """The run folders this viewer lists."""
         found = find_runs(self.root)
         if self.only is not None:
             found = [p for p in found if p.name == self.only and p.parent == self.root]
         return found
 
     def run(self, name: str) -> RunInfo:
+        """The run called ``name`` (its path under the root), or a 404 :class:`ViewError`."""
         path = safe_join(self.root, name)
         if not is_run_folder(path) or (self.only is not None and path != (self.root / self.only).resolve()):
             raise ViewError(f"no run called {name!r} under {self.root} (a run folder holds config.yaml, "
@@ -96,6 +99,7 @@ class Viewer:
         return load_run(self.root, path)
 
     def base(self, base: str) -> Path:
+        """The folder a records location names: ``runs`` (the root) or ``plays`` (saved play episodes)."""
         if base == "runs":
             return self.root
         if base == "plays":
@@ -103,12 +107,15 @@ class Viewer:
         raise ViewError(f"unknown records location {base!r} (runs or plays)", status=404)
 
     def records_folder(self, base: str, folder: str) -> Path:
+        """A folder holding ``records.jsonl`` under a records location, or a 404 :class:`ViewError`."""
         path = safe_join(self.base(base), folder)
-        if not (path / "records.jsonl").is_file():
+        only = (self.root / self.only).resolve() if base == "runs" and self.only is not None else None
+        if not (path / "records.jsonl").is_file() or (only is not None and only not in (path, *path.parents)):
             raise ViewError(f"no records.jsonl in {folder!r}", status=404)
         return path
 
     def saved_plays(self) -> list[dict[str, Any]]:
+        """The saved play episodes, newest first."""
         if not self.play_dir.is_dir():
             return []
         out = []
@@ -145,21 +152,25 @@ class Viewer:
 
     # -- pages -------------------------------------------------------------------------------
     def index(self, request: Request) -> Response:
+        """``/``: every run and the saved play episodes."""
         runs = [load_run(self.root, p) for p in self.runs()]
         return self.render("runs.html", runs=runs, root=str(self.root), plays=self.saved_plays(),
                            play_dir=str(self.play_dir))
 
     def run_page(self, request: Request) -> Response:
+        """``/run/<name>``: one run."""
         run = self.run(request.path_params["name"])
         return self.render("run.html", run=run)
 
     def curves(self, request: Request) -> Response:
+        """``/curves/<name>``: the run's ``curves.png``."""
         run = self.run(request.path_params["name"])
         if not run.has_curves:
             raise ViewError(f"{run.name} has no curves.png yet (train.py writes it when the run finishes)", status=404)
         return FileResponse(run.path / "curves.png", media_type="image/png")
 
     def compare(self, request: Request) -> Response:
+        """``/compare?run=A&run=B``: several runs side by side."""
         names = request.query_params.getlist("run")
         if not names:
             raise ViewError("tick at least one run on the runs page to compare")
@@ -167,6 +178,7 @@ class Viewer:
         return self.render("compare.html", runs=runs)
 
     def metrics_api(self, request: Request) -> Response:
+        """``/api/metrics?run=A``: the metric rows of runs as strict JSON (NaN -> null), for the plots."""
         names = request.query_params.getlist("run")
         out = []
         for name in names:
@@ -175,6 +187,7 @@ class Viewer:
         return JSONResponse({"runs": out})
 
     def episodes(self, request: Request) -> Response:
+        """``/episodes/<base>/<folder>``: the episodes of a records folder, filtered."""
         base, folder = request.path_params["base"], request.path_params["folder"]
         path = self.records_folder(base, folder)
         flt, filter_error = ep.EpisodeFilter(), ""
@@ -199,6 +212,7 @@ class Viewer:
         return {}
 
     def episode(self, request: Request) -> Response:
+        """``/episode/<base>/<folder>?n=N``: one episode turn by turn."""
         base, folder = request.path_params["base"], request.path_params["folder"]
         path = self.records_folder(base, folder)
         records = ep.records_in(path)
@@ -214,6 +228,7 @@ class Viewer:
                            final_image=rec.info.get("final_image_index"))
 
     def image(self, request: Request) -> Response:
+        """``/image/<base>/<folder>?n=N&k=K``: image K of episode N as PNG (enlarged ``scale`` times, default 4)."""
         base, folder = request.path_params["base"], request.path_params["folder"]
         records = ep.records_in(self.records_folder(base, folder))
         n, k = _int_param(request, "n", 0), _int_param(request, "k", 0)
@@ -224,6 +239,7 @@ class Viewer:
 
     def play_new(self, request: Request, error: str = "", form: dict[str, str] | None = None,
                  status: int = 200) -> Response:
+        """``GET /play``: the form that starts an episode (with ``error`` and the submitted values after a bad one)."""
         import envs  # noqa: F401  (registers the tasks and plugins)
         from envs.registry import registered_tasks
 
@@ -241,6 +257,7 @@ class Viewer:
                            error=error, form=form, tiny=TINY)
 
     async def play_start(self, request: Request) -> Response:
+        """``POST /play``: start a session and go to its page."""
         form = await _form(request)
         try:
             env_id = form.get("env_id", "").strip()
@@ -262,6 +279,7 @@ class Viewer:
         return RedirectResponse(f"/play/{session.id}", status_code=303)
 
     def play_page(self, request: Request, error: str = "", status: int = 200) -> Response:
+        """``/play/<id>``: the session's current observation, controls and turns so far."""
         session = self.sessions.get(request.path_params["sid"])
         rec = session.trajectory()
         tokenizer = session.player.policy.tokenizer
@@ -275,6 +293,7 @@ class Viewer:
                            frame_url=f"/play/{session.id}/frame?k=" if session.frames else None)
 
     async def play_step(self, request: Request) -> Response:
+        """``POST /play/<id>/step``: a model step, a typed reply, or the model to the end."""
         from starlette.concurrency import run_in_threadpool
 
         session = self.sessions.get(request.path_params["sid"])
@@ -300,6 +319,7 @@ class Viewer:
         return RedirectResponse(f"/play/{session.id}#now", status_code=303)
 
     async def play_save(self, request: Request) -> Response:
+        """``POST /play/<id>/save``: write the episode as a record and a GIF."""
         session = self.sessions.get(request.path_params["sid"])
         from starlette.concurrency import run_in_threadpool
 
@@ -316,6 +336,7 @@ class Viewer:
         return RedirectResponse(f"/play/{session.id}#saved", status_code=303)
 
     def play_image(self, request: Request) -> Response:
+        """``/play/<id>/image?k=K``: observed image K of a session (vision tasks)."""
         session = self.sessions.get(request.path_params["sid"])
         k = _int_param(request, "k", 0)
         if not 0 <= k < len(session.images):
@@ -323,6 +344,7 @@ class Viewer:
         return Response(ep.png_bytes(session.images[k], scale=4), media_type="image/png")
 
     def play_frame(self, request: Request) -> Response:
+        """``/play/<id>/frame?k=K``: the task's picture after K turns (every task that renders one)."""
         session = self.sessions.get(request.path_params["sid"])
         k = _int_param(request, "k", len(session.frames) - 1)
         if not 0 <= k < len(session.frames):
@@ -330,6 +352,7 @@ class Viewer:
         return Response(ep.png_bytes(session.frames[k], scale=4), media_type="image/png")
 
     def saved_file(self, request: Request) -> Response:
+        """``/saved/<folder>``: the GIF of a saved play episode."""
         folder = safe_join(self.play_dir, request.path_params["folder"])
         gif = folder / "episode.gif"
         if not gif.is_file():
