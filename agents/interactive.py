@@ -1,4 +1,5 @@
-"""A model that plays one turn at a time, for ``python -m agents.play ID --model PATH``.
+"""A model that plays one turn at a time, for ``python -m agents.play ID --model PATH`` and the
+play page of ``python -m agents.view``.
 
 The player is stateless between turns (prompt = instructions + current observation, the
 ``window:0`` mode the tiny default trains with), so a human can take over for some turns and
@@ -9,28 +10,46 @@ its whole state (``markov_state``) the prompt holds the board alone, as ``train.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from agents.policy import Policy
+from agents.record import Generation
 from agents.runner import default_env_kwargs
 
 
+@dataclass
+class Proposal:
+    """The model's reply to one observation, with the prompt it saw (to record the turn)."""
+
+    reply: str
+    prompt_ids: list[int]
+    images: list[np.ndarray]  # the images in the prompt, in order
+    generation: Generation  # the sampled ids and their behaviour log-probs
+
+
 class ModelPlayer:
-    """Proposes replies for ``env_id`` with the model at ``model_path`` (None: the tiny default)."""
+    """Proposes replies for ``env_id`` with the model at ``model_path`` (None: the tiny default).
+
+    ``policy`` hands in an already loaded model instead (``model_path`` is then only a label).
+    """
 
     def __init__(
         self, model_path: str | None, env_id: str, *, greedy: bool = True, temperature: float = 1.0,
-        max_new_tokens: int = 32, seed: int = 0,
+        max_new_tokens: int = 32, seed: int = 0, policy: Policy | None = None,
     ) -> None:
         import envs  # noqa: F401
         from envs.registry import task_spec
 
-        if not model_path:
-            from agents.tiny import build_tiny_model
+        if policy is None:
+            if not model_path:
+                from agents.tiny import build_tiny_model
 
-            model_path = str(build_tiny_model(task_spec(env_id).modality))
-        self.policy = Policy.from_pretrained(model_path)
+                model_path = str(build_tiny_model(task_spec(env_id).modality))
+            policy = Policy.from_pretrained(model_path)
+        self.policy = policy
         self.board_only = default_env_kwargs(env_id, "window:0").get("feedback") is False
         self.env_id = env_id
         self.greedy = greedy
@@ -45,14 +64,28 @@ class ModelPlayer:
         self.instructions = info.get("instructions", "")
         self._first = True
 
-    def act(self, obs: dict, state_text: str | None = None) -> str:
-        """The model's reply to the current observation; ``state_text`` (the env's
-        ``state_text()``) replaces the observation text after the first turn of a board task."""
+    def prompt(self, obs: dict, state_text: str | None = None, *, first: bool) -> tuple[list[int], list[np.ndarray]]:
+        """The prompt ids (and its images) the model sees for ``obs``; ``first``: the episode's
+        first turn, whose observation already holds the instructions."""
         seen = state_text if self.board_only and state_text is not None else obs["text"]
-        text = obs["text"] if self._first or not self.instructions else f"{self.instructions}\n\n{seen}"
-        self._first = False
+        text = obs["text"] if first or not self.instructions else f"{self.instructions}\n\n{seen}"
         images = [np.asarray(obs["image"], dtype=np.uint8)] if self.policy.is_vision and "image" in obs else []
-        prompt = self.policy.chat.first_message(text, images)
+        return self.policy.chat.first_message(text, images), images
+
+    def propose(self, obs: dict, state_text: str | None = None, *, first: bool | None = None) -> Proposal:
+        """The model's reply to the current observation with its prompt and sampled tokens.
+
+        ``state_text`` (the env's ``state_text()``) replaces the observation text after the
+        first turn of a board task; ``first`` defaults to whether this player has not yet
+        replied in the episode.
+        """
+        first = self._first if first is None else first
+        self._first = False
+        prompt, images = self.prompt(obs, state_text, first=first)
         gen = self.policy.generate([prompt], [images], max_new_tokens=self.max_new_tokens,
                                    temperature=self.temperature, greedy=self.greedy)[0]
-        return self.policy.reply_text(gen.token_ids)
+        return Proposal(self.policy.reply_text(gen.token_ids), prompt, images, gen)
+
+    def act(self, obs: dict, state_text: str | None = None) -> str:
+        """The model's reply to the current observation (the ``envs.play`` player interface)."""
+        return self.propose(obs, state_text).reply

@@ -8,6 +8,23 @@ from typing import Iterator
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--browser", action="store_true",
+                     help="run the browser tests (marked 'browser'; headless Chromium): make test-view")
+    parser.addoption("--screenshots", default=None, metavar="DIR",
+                     help="with --browser: save the viewer's page screenshots to DIR (docs/img for the docs)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Browser tests run only when asked for (``--browser``), so ``make test`` needs no browser."""
+    if config.getoption("--browser"):
+        return
+    skip = pytest.mark.skip(reason="a browser test: run with make test-view (pytest --browser)")
+    for item in items:
+        if "browser" in item.keywords:
+            item.add_marker(skip)
+
+
 def build_tiny_qwen25vl(folder: Path, **generation_config) -> Path:
     """Save a tiny randomly initialised model in the real Qwen2.5-VL checkpoint layout (model,
     tokenizer, Qwen2.5-VL processor) to ``folder``; ``generation_config`` items are set on the
@@ -79,3 +96,88 @@ def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     mp.setenv("FRESHPER_CACHE", str(root))
     yield root
     mp.undo()
+
+
+# -- the viewer (tests/test_view.py, tests/test_view_browser.py) --------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+#: Tiny train.py settings for viewer fixtures (a real run folder in well under a minute).
+VIEW_TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, eval_every=0, eval_episodes=2,
+                 final_eval_episodes=2, checkpoint_every=1, progress=False, tensorboard=False, threads=1, gifs=1)
+
+
+def make_tiny_run(root: Path, name: str, **overrides) -> Path:
+    """Train a real tiny run into ``root/name`` (config, metrics, summary, curves, eval records,
+    checkpoints) and return its folder."""
+    import train
+
+    train.train(train.Config(runs_root=str(root), run_name=name, **{**VIEW_TINY, "iterations": 1, **overrides}))
+    return root / name
+
+
+def damage_run(src: Path, dst: Path) -> Path:
+    """A copy of a run folder with the damage a killed or broken run leaves: a corrupt line in
+    the middle of metrics.jsonl, a torn last line, a checkpoint whose model file is cut short
+    (manifest present) and a temporary checkpoint folder."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    lines = (dst / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    lines.insert(1, '{"kind": "train", "iteration": 1, "success": 0.5,,}')
+    (dst / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "train", "itera', encoding="utf-8")
+    newest = sorted((dst / "checkpoints").glob("iter_*"))[-1]
+    weights = newest / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 3])
+    (dst / "checkpoints" / ".tmp-iter_000099-4242" / "model").mkdir(parents=True)
+    return dst
+
+
+class ViewServer:
+    """``python -m agents.view ROOT`` in a subprocess on a free loopback port, the real CLI."""
+
+    def __init__(self, root: Path, *extra: str) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [str(root), "--port", str(self.port), "--threads", "1", *extra]
+        self.proc = None
+        self.log = root.parent / f"view-{self.port}.log"
+
+    def __enter__(self) -> "ViewServer":
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        self._fh = self.log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "agents.view", *self.args], cwd=REPO,
+                                     stdout=self._fh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the viewer exited with {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.proc.kill()
+        raise RuntimeError(f"the viewer did not start within 120 s: {self.log.read_text()}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except Exception:
+                self.proc.kill()
+        self._fh.close()
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")

@@ -1,0 +1,63 @@
+"""``python -m agents.view [RUNS]``: serve the viewer on http://127.0.0.1:8765 (docs/view.md).
+
+Needs the optional extra: ``pip install -e '.[view]'`` (Starlette and uvicorn). Binds to the
+loopback interface unless ``--host`` says otherwise; nothing is loaded from other machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, build the app and serve it until interrupted; 2 on a bad folder."""
+    parser = argparse.ArgumentParser(prog="python -m agents.view", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="?", default="runs", help="a folder of run folders, or one run folder (default: runs)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--play-dir", default=None, help="where saved play episodes go (default: RUNS/play)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for play (default: agents.policy's)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("PIL", "httpx", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        import uvicorn
+
+        from agents.view.app import create_app
+    except ImportError as exc:
+        print(f"error: the viewer needs the optional extra: pip install -e '.[view]' ({exc})", file=sys.stderr)
+        return 2
+    from agents.view.runs import ViewError
+
+    try:
+        loopback = args.host in ("127.0.0.1", "localhost", "::1")
+        app = create_app(args.runs, args.play_dir, allowed_hosts=None if loopback else ["*"])
+    except ViewError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from agents.policy import configure_threads
+
+    configure_threads(args.threads)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    if not loopback:
+        print(f"warning: serving on {args.host}: anyone who can reach this machine can see the runs and load models",
+              file=sys.stderr)
+    viewer = app.state.viewer
+    print(f"freshper viewer: http://{args.host}:{args.port}/  (runs in {viewer.root}, played episodes saved to "
+          f"{viewer.play_dir}; Ctrl-C stops)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
