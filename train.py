@@ -164,6 +164,8 @@ class Config:
     """initial IS-correction exponent, annealed linearly to beta_final"""
     beta_final: float = 1.0
     """final IS-correction exponent"""
+    is_weights: str = "base"
+    """PER importance weights: 'base' (correct the base-priority bias, keep the age decay) or 'classical' ((N P(i))^-beta normalised over the buffer, as Schaul et al.)"""
     beta_anneal_steps: int = 1000
     """optimizer steps over which beta anneals (a fixed horizon, so a run extended on resume anneals as one run would)"""
 
@@ -198,7 +200,7 @@ class Config:
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_seconds",
                     "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
-                    "priority_eps", "alpha", "tau", "tau_target_ess", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
+                    "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
 
 
 # -- config: CLI and YAML (the generic part is learner/cli.py) ---------------------------------
@@ -245,6 +247,7 @@ def validate(cfg: Config) -> None:
     checks = [
         (cfg.replay in ("none", "fresh", "per", "uniform"), f"--replay must be none|fresh|per|uniform, got {cfg.replay!r}"),
         (cfg.priority in ("return", "advantage"), f"--priority must be return|advantage, got {cfg.priority!r}"),
+        (cfg.is_weights in ("base", "classical"), f"--is-weights must be base|classical, got {cfg.is_weights!r}"),
         (cfg.loss in ("clip", "tis"), f"--loss must be clip|tis, got {cfg.loss!r}"),
         (cfg.advantage in ("episode", "gigpo"), f"--advantage must be episode|gigpo, got {cfg.advantage!r}"),
         (cfg.advantage != "gigpo" or cfg.context != "full", "--advantage gigpo needs a window:k context (one sample per turn)"),
@@ -401,7 +404,7 @@ def setup(cfg: Config) -> Run:
         auto_tau = cfg.tau == "auto"
         replay = ReplaySettings(cfg.replay, cfg.buffer_capacity, cfg.alpha, 10.0 if auto_tau else float(cfg.tau),
                                 cfg.beta, cfg.beta_final, cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed,
-                                auto_tau=auto_tau, target_ess=cfg.tau_target_ess)
+                                auto_tau=auto_tau, target_ess=cfg.tau_target_ess, is_weights=cfg.is_weights)
         state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay)
         if resume is not None:
             state.load(resume, cfg.lr)

@@ -61,6 +61,7 @@ class ReplaySettings:
     seed: int = 0
     auto_tau: bool = False  # set tau online (learner.autotau); ``tau`` is then the starting value
     target_ess: float = 0.9
+    is_weights: str = "base"  # "base" or "classical" ((N P)^-beta over the buffer)
 
     def build(self):
         if self.mode == "none":
@@ -69,7 +70,8 @@ class ReplaySettings:
 
         return ReplayBuffer(self.capacity, mode=self.mode, alpha=self.alpha, tau=self.tau, beta=self.beta,
                             beta_final=self.beta_final, beta_anneal_steps=self.beta_anneal_steps, eps=self.eps,
-                            seed=self.seed)
+                            is_target="uniform" if self.is_weights == "classical" else "base",
+                            is_normalize="buffer" if self.is_weights == "classical" else "batch", seed=self.seed)
 
 
 class TrainerState:

@@ -1,0 +1,257 @@
+"""The FreshPER paper's comparison at CPU scale: on-policy vs standard PER vs FreshPER vs uniform
+replay, with equal environment-episode budgets, on the hub's tasks; and ablations on one task.
+
+    python benchmarks/paper_table.py --out runs/paper --seeds 0-4 --jobs 2             # the table
+    python benchmarks/paper_table.py --out runs/paper --seeds 0-4 --ablations          # + ablations
+    python benchmarks/paper_table.py --out runs/paper --report-only                    # rewrite the doc
+
+Every (task, method, seed) is one ``train.py`` run (``benchmarks/sweep.py``: side by side on
+``--jobs`` cores, a finished run is never rerun, an interrupted one resumes). Every method of a
+task gets the same iterations of the same B x G tasks, so the same number of environment
+episodes: the paper's axis, since interactions are the expensive part; replay methods spend
+extra updates on stored trajectories. The report (``--doc``, default ``docs/results.md``) has,
+per task and method, the mean and 95% interval over seeds of the final and the best held-out
+score, the late-training drop (final - best), curves against episodes and seconds, the IS
+effective sample size per age bucket and the buffer's age histogram, and the commands. Every
+number comes from a run folder's ``metrics.jsonl`` / ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.sweep import parse_seeds, run_sweep  # noqa: E402
+from learner.report import read_metrics, seed_interval  # noqa: E402
+
+
+@dataclass
+class Task:
+    name: str
+    config: str
+    iterations: int
+    extra: list[str] = field(default_factory=list)
+
+
+TASKS = {
+    "frozenlake": Task("FrozenLake 4x4, text", "configs/frozenlake_default.yaml", 200),
+    "frozenlake_vision": Task("FrozenLake 4x4, image", "configs/frozenlake_vision.yaml", 150),
+    "sokoban": Task("Sokoban simple", "configs/sokoban_simple.yaml", 100),
+    "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60),
+}
+#: The paper's methods, replay as FreshPER's defaults here (one replay update per iteration on B x G
+#: trajectories, tau = 10 optimizer steps).
+METHODS = {
+    "none": ["--replay", "none"],
+    "per": ["--replay", "per", "--replay-ratio", "1"],
+    "fresh": ["--replay", "fresh", "--replay-ratio", "1", "--tau", "10"],
+    "uniform": ["--replay", "uniform", "--replay-ratio", "1"],
+}
+#: Ablations of FreshPER on FrozenLake text (each varies one setting of "fresh").
+ABLATIONS = {
+    "tau2": ["--tau", "2"], "tau5": ["--tau", "5"], "tau40": ["--tau", "40"], "tau160": ["--tau", "160"],
+    "tauauto": ["--tau", "auto"],
+    "advantage": ["--priority", "advantage"],
+    "k2": ["--replay-ratio", "2"],
+    "classical": ["--is-weights", "classical"],
+}
+
+
+def _fresh_with(flags: list[str]) -> list[str]:
+    base = dict(zip(METHODS["fresh"][::2], METHODS["fresh"][1::2]))
+    base.update(zip(flags[::2], flags[1::2]))
+    return [x for kv in base.items() for x in kv]
+
+
+def task_arms(ablations: bool, task: str) -> dict[str, list[str]]:
+    arms = dict(METHODS)
+    if ablations and task == "frozenlake":
+        arms.update({f"fresh_{k}": _fresh_with(v) for k, v in ABLATIONS.items()})
+    return arms
+
+
+# -- reading the runs -------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    final: float
+    best: float
+    final_return: float
+    evals: list[tuple[float, float, float]]  # (episodes, seconds of RL, held-out success) per evaluation
+    ess: dict[str, float]
+    age_mass: list[float] | None
+    age_edges: list[float] | None
+    tau_last: float | None
+
+
+def read_run(run: Path) -> RunResult | None:
+    if not (run / "summary.json").exists():
+        return None
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    rows = read_metrics(run / "metrics.jsonl")
+    trains = [r for r in rows if r.get("kind") == "train"]
+    seconds_at = {r["iteration"]: r.get("time_total_s", float("nan")) for r in trains}
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("decoding") == "sampled"]
+    curve = [(r["episodes"], seconds_at.get(r["iteration"], 0.0), r["success"]) for r in evals]
+    final = summary["evals"]["final"]
+    ess: dict[str, float] = {}
+    for key in sorted({k for r in trains for k in r if k.startswith("ess/age_")}):
+        values = [r[key] for r in trains if key in r and r.get("buffer_size")]
+        if values:
+            ess[key.removeprefix("ess/age_")] = float(np.mean(values))
+    last = next((r for r in reversed(trains) if "buffer_age_mass" in r), None)
+    return RunResult(final=final["success"], best=max(s for _, _, s in curve) if curve else final["success"],
+                     final_return=final.get("return_mean", float("nan")), evals=curve, ess=ess,
+                     age_mass=None if last is None else last["buffer_age_mass"],
+                     age_edges=None if last is None else last.get("buffer_age_edges"),
+                     tau_last=None if last is None else last.get("tau"))
+
+
+def _ci(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    lo, hi = seed_interval(values)
+    return f"{np.mean(values):.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _plot(task: str, label: str, results: dict[str, list[RunResult]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for k, (method, runs) in enumerate(results.items()):
+        runs = [r for r in runs if r.evals]
+        if not runs:
+            continue
+        for col, ax in enumerate(axes):
+            end = min(r.evals[-1][col] for r in runs)
+            grid = np.linspace(0, end, 60)
+            curves = [np.interp(grid, [e[col] for e in r.evals], [e[2] for e in r.evals]) for r in runs]
+            mean = np.mean(curves, axis=0)
+            ax.plot(grid, mean, color=f"C{k}", lw=2, label=f"{method} (mean of {len(runs)})")
+            if len(runs) > 1:
+                sem = np.std(curves, axis=0, ddof=1) / math.sqrt(len(runs))
+                ax.fill_between(grid, mean - 1.96 * sem, mean + 1.96 * sem, color=f"C{k}", alpha=0.15)
+    for ax, xlabel in zip(axes, ("environment episodes", "seconds of RL")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("held-out success (sampled)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(label)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablations: bool, commands: list[str]) -> str:
+    """Write the results document from the run folders; return its text."""
+    img_dir = doc.parent / "img"
+    img_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# Results: on-policy vs PER vs FreshPER vs uniform replay at CPU scale", "",
+             "Written by `benchmarks/paper_table.py` from the run folders under "
+             f"`{out}` (each number is the mean over seeds of a run's `summary.json` / `metrics.jsonl`, with "
+             "a 95% t-interval over seeds). Held-out success is sampled at temperature 1 on the same held-out tasks "
+             "for every run: final = the last evaluation (200 tasks), best = the best of the periodic "
+             "evaluations (64 tasks each) and the final one (so it is biased upwards by evaluation noise), "
+             "drop = final - best. Every method of a task has the same environment-episode budget.", ""]
+    header = "| task | method | seeds | final | best | final - best | vs on-policy (final) |"
+    lines += [header, "|---|---|---|---|---|---|---|"]
+    details: list[str] = []
+    for task in tasks:
+        spec = TASKS[task]
+        results = {}
+        for method in task_arms(ablations, task):
+            runs = [read_run(out / task / f"{method}_s{s}") for s in seeds]
+            results[method] = [r for r in runs if r is not None]
+        base = np.mean([r.final for r in results.get("none", [])]) if results.get("none") else float("nan")
+        for method, runs in results.items():
+            if not runs:
+                continue
+            finals, bests = [r.final for r in runs], [r.best for r in runs]
+            rel = (np.mean(finals) - base) / base * 100 if base and math.isfinite(base) and base > 0 else float("nan")
+            lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
+                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {'' if method == 'none' else f'{rel:+.0f}%'} |")
+        png = img_dir / f"results_{task}.png"
+        _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)
+        details += [f"## {spec.name}", "", f"![held-out success, {spec.name}]({png.relative_to(doc.parent)})", ""]
+        replay = {m: r for m, r in results.items() if r and r[0].ess}
+        if replay:
+            buckets = sorted({b for runs in replay.values() for r in runs for b in r.ess},
+                             key=lambda b: float(b.split("-")[0].rstrip("+")))
+            details += ["IS effective sample size per token (normalised, mean over training) by age in optimizer steps:", "",
+                        "| method | " + " | ".join(f"age {b}" for b in buckets) + " |",
+                        "|---|" + "---|" * len(buckets)]
+            for method, runs in replay.items():
+                cells = [f"{np.mean([r.ess[b] for r in runs if b in r.ess]):.3f}" if any(b in r.ess for r in runs) else ""
+                         for b in buckets]
+                details.append(f"| {method} | " + " | ".join(cells) + " |")
+            details.append("")
+            details += ["Sampling mass by item age at the end of training (buffer age histogram, mean over seeds):", ""]
+            for method, runs in replay.items():
+                masses = [r.age_mass for r in runs if r.age_mass]
+                if masses:
+                    mass = np.mean(masses, axis=0)
+                    edges = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+                    cells = ", ".join(f"<{edges[i + 1]}: {m:.2f}" if i + 1 < len(edges) else f">={edges[i]}: {m:.2f}"
+                                      for i, m in enumerate(mass) if m > 0.005)
+                    taus = [r.tau_last for r in runs if r.tau_last is not None]
+                    tau_note = f" (tau at the end: {np.mean(taus):.1f})" if "auto" in method and taus else ""
+                    details.append(f"- {method}: {cells}{tau_note}")
+            details.append("")
+    lines += ["", *details, "## Commands", "", "```", *commands, "```", ""]
+    text = "\n".join(lines)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text, encoding="utf-8")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/paper", help="folder of the run folders (one subfolder per task)")
+    parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--methods", nargs="*", default=None, help="a subset of the arms (default: all)")
+    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--ablations", action="store_true", help="also the FreshPER ablations on FrozenLake text")
+    parser.add_argument("--iterations", type=int, default=None, help="override every task's budget (tests, quick looks)")
+    parser.add_argument("--doc", default="docs/results.md")
+    parser.add_argument("--report-only", action="store_true", help="do not run anything; rewrite the report")
+    parser.add_argument("extra", nargs="*", help="after --: flags passed to every train.py run")
+    args = parser.parse_args(argv)
+    out, seeds = Path(args.out), parse_seeds(args.seeds)
+    commands = [f"python benchmarks/paper_table.py {shlex.join(argv if argv is not None else sys.argv[1:])}"]
+    failed: list[str] = []
+    for task in args.tasks:
+        spec = TASKS[task]
+        arms = task_arms(args.ablations, task)
+        if args.methods:
+            arms = {k: v for k, v in arms.items() if k in args.methods}
+        common = ["--config", str(REPO / spec.config), "--iterations", str(args.iterations or spec.iterations),
+                  *spec.extra, *args.extra]
+        commands.append(f"# {spec.name}: python train.py {shlex.join(common)} --seed <k> <method flags>")
+        for arm, flags in arms.items():
+            commands.append(f"#   {arm}: {shlex.join(flags)}")
+        if not args.report_only:
+            print(f"== {spec.name}: {len(arms)} settings x {len(seeds)} seeds", flush=True)
+            failed += run_sweep(out / task, arms, seeds, common, args.jobs)
+    text = write_report(out, Path(args.doc), args.tasks, seeds, args.ablations, commands)
+    print(text.split("\n## ")[0])
+    if failed:
+        print(f"failed runs: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
