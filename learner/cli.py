@@ -62,11 +62,35 @@ def dataclass_parser(cls: type, description: str | None = None) -> argparse.Argu
     return parser
 
 
+def check_type(name: str, kind: str, value: Any) -> Any:
+    """``value`` if it fits the field's declared type (``int``, ``float``, ``str``, ``bool``,
+    ``dict``, unions and ``| None``), else a ValueError naming the flag; ints are accepted
+    as floats. Values from YAML files are checked here, so ``"false"`` is not a bool."""
+    flag = "--" + name.replace("_", "-")
+    kinds = [k.strip() for k in kind.split("|")]
+    if value is None and "None" in kinds:
+        return value
+    for k in kinds:
+        if k == "bool" and isinstance(value, bool):
+            return value
+        if k == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if k == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if k == "str" and isinstance(value, str):
+            return value
+        if k.startswith("dict") and isinstance(value, dict):
+            return value
+    raise ValueError(f"{flag} must be {' or '.join(kinds)}, got {value!r} ({type(value).__name__})")
+
+
 def replace_checked(base: T, values: dict[str, Any]) -> T:
-    """``dataclasses.replace`` that rejects unknown keys with a did-you-mean hint."""
-    names = {f.name for f in dataclasses.fields(base)}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - names)
+    """``dataclasses.replace`` that rejects unknown keys with a did-you-mean hint and values of
+    the wrong type with the flag's name."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(base)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, names, 1)) else k for k in unknown]
+        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, fields, 1)) else k for k in unknown]
         raise ValueError(f"unknown config keys: {', '.join(hints)}")
-    return dataclasses.replace(base, **values)  # type: ignore[type-var]
+    checked = {k: check_type(k, fields[k], v) for k, v in values.items()}
+    return dataclasses.replace(base, **checked)  # type: ignore[type-var]

@@ -291,3 +291,31 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_stale_temporaries_are_cl
     finally:
         lock.release()
     assert not (run / "metrics.jsonl").exists()  # the refused run wrote nothing
+
+
+@pytest.mark.parametrize("flags, name", [
+    (["--replay", "fresh", "--tau", "0"], "--tau"), (["--replay", "fresh", "--alpha", "-1"], "--alpha"),
+    (["--replay", "fresh", "--buffer-capacity", "0"], "--buffer-capacity"), (["--lr", "nan"], "--lr"),
+    (["--lr", "-1"], "--lr"), (["--lr", "inf"], "--lr"), (["--group-size", "1"], "--group-size"),
+    (["--replay-ratio", "-1"], "--replay-ratio"), (["--iterations", "0"], "--iterations"),
+    (["--iterations", "-3"], "--iterations"), (["--time-budget", "-1"], "--time-budget"),
+    (["--replay", "fresh", "--replay-batch", "100000"], "--replay-batch"), (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--run-name", "../../x"], "--run-name"), (["--run-name", "/tmp/abs"], "--run-name"),
+    (["--kl-coef", "-0.1"], "--kl-coef"),
+])
+def test_bad_settings_are_refused_before_any_work_naming_the_flag(flags, name, capsys) -> None:
+    with pytest.raises(ValueError, match=name):
+        train.parse_config(flags)
+    assert train.main(flags) == 2
+    assert name in capsys.readouterr().err
+
+
+def test_yaml_values_of_the_wrong_type_are_refused_naming_the_flag(tmp_path: Path) -> None:
+    for text, name in (('eval_both: "false"\n', "--eval-both"), ('micro_batch: "8"\n', "--micro-batch"),
+                       ("lr: [1]\n", "--lr")):
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=name):
+            train.parse_config(["--config", str(path)])
+    path.write_text("lr: 1\neval_both: false\n")  # an int where a float is wanted is fine
+    assert train.parse_config(["--config", str(path)]).lr == 1.0
