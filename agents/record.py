@@ -150,11 +150,13 @@ class Trajectory:
     def from_bytes(cls, blob: bytes) -> "Trajectory":
         try:
             with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+                if any(i.compress_type != zipfile.ZIP_STORED or i.file_size > len(blob) for i in zf.infolist()):
+                    raise ValueError("compressed or oversized members: not a freshper record")
                 meta = json.loads(zf.read("meta.json"))
-                images = [_png_array(zf.read(f"image_{k}.png")) for k in range(meta["num_images"])]
-        except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
+                images = [_png_array(zf.read(f"image_{k}.png")) for k in range(int(meta["num_images"]))]
+            return cls._from_meta(meta, images)
+        except (zipfile.BadZipFile, KeyError, TypeError, ValueError, RecursionError, OSError) as exc:
             raise ValueError(f"corrupt trajectory blob: {exc}") from exc
-        return cls._from_meta(meta, images)
 
 
 def _png_bytes(img: np.ndarray) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -340,18 +341,35 @@ class ReplayBuffer:
             raise ReplayCheckpointError(f"{path!r}: unsupported replay format version {meta.get('version')}")
         try:
             buf = cls(**{k: meta[k] for k in _CONFIG_KEYS})
-            n = int(meta["size"])
-            if not (len(arrays["p"]) == len(arrays["t"]) == len(arrays["ids"]) == n <= buf.capacity):
+            n, cursor, next_id = int(meta["size"]), int(meta["cursor"]), int(meta["next_id"])
+            p, t, ids = arrays["p"], arrays["t"], arrays["ids"]
+            if not (0 <= n <= buf.capacity and len(p) == len(t) == len(ids) == n):
                 raise ValueError("array lengths disagree with the stored size")
+            if not (0 <= cursor < buf.capacity and next_id >= n and cursor == next_id % buf.capacity
+                    and (n == buf.capacity or cursor == n)):
+                raise ValueError(f"cursor {cursor} / next id {next_id} impossible for {n} items of {buf.capacity}")
+            if p.dtype.kind != "f" or t.dtype.kind != "f" or ids.dtype.kind not in "iu":
+                raise ValueError("priority, step or id arrays have the wrong dtype")
+            if n and not (np.all(np.isfinite(p)) and p.min() > 0 and np.all(np.isfinite(t))):
+                raise ValueError("priorities must be finite and > 0 and steps finite")
+            if n and not (np.array_equal(ids % buf.capacity, np.arange(n)) and ids.min() >= next_id - n
+                          and ids.max() < next_id):
+                raise ValueError("item ids do not map onto the stored slots")
             items = unpack_items(arrays["item_offsets"], arrays["item_data"], codec or DefaultCodec())
+            if len(items) != n:
+                raise ValueError(f"{len(items)} items for a stored size of {n}")
             buf.rng.bit_generator.state = meta["rng"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReplayCheckpointError(f"replay checkpoint {path!r} is inconsistent: {exc}") from exc
+            t_ref, rebases = float(meta["t_ref"]), int(meta["rebases"])
+        except ReplayCheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError, RecursionError, MemoryError,
+                struct.error, UnicodeDecodeError) as exc:
+            raise ReplayCheckpointError(f"replay checkpoint {path!r} is inconsistent: {type(exc).__name__}: {exc}") from exc
         buf._p[:n], buf._t[:n], buf._ids[:n] = arrays["p"], arrays["t"], arrays["ids"]
         buf._logp[:n] = np.log(buf._p[:n])
         for slot, item in enumerate(items):
             buf._items[slot] = item
-        buf._size, buf._cursor, buf._next_id = n, int(meta["cursor"]), int(meta["next_id"])
-        buf._t_ref, buf.rebases = float(meta["t_ref"]), int(meta["rebases"])
+        buf._size, buf._cursor, buf._next_id = n, cursor, next_id
+        buf._t_ref, buf.rebases = t_ref, rebases
         buf._rebuild()
         return buf

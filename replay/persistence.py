@@ -13,6 +13,7 @@ import json
 import os
 import struct
 import tempfile
+import zipfile
 from typing import Any, Protocol
 
 import numpy as np
@@ -104,8 +105,17 @@ def pack_items(items: list[Any], codec: ItemCodec) -> tuple[np.ndarray, np.ndarr
 
 
 def unpack_items(offsets: np.ndarray, data: np.ndarray, codec: ItemCodec) -> list[Any]:
+    """Decode what :func:`pack_items` wrote; offsets must start at 0, never decrease and end at
+    the data's length, and no item may decode to None."""
+    offsets = np.asarray(offsets)
+    if (offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) == 0 or offsets[0] != 0
+            or offsets[-1] != len(data) or np.any(np.diff(offsets) < 0)):
+        raise ValueError("item offsets are inconsistent with the item data")
     raw = data.tobytes()
-    return [codec.decode(raw[offsets[i] : offsets[i + 1]]) for i in range(len(offsets) - 1)]
+    items = [codec.decode(raw[offsets[i] : offsets[i + 1]]) for i in range(len(offsets) - 1)]
+    if any(item is None for item in items):
+        raise ValueError("an item decoded to None")
+    return items
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -144,11 +154,28 @@ def write_checkpoint(path: str | os.PathLike, meta: dict, arrays: dict[str, np.n
         pass
 
 
+def _check_archive(path: str) -> None:
+    """Refuse an archive this module did not write before decompressing anything: ``np.savez``
+    stores members uncompressed, so a compressed member (a zip bomb, say) or members larger
+    than the file itself mean the file is not a freshper replay checkpoint."""
+    size = os.path.getsize(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise ReplayCheckpointError(f"replay checkpoint {path!r} is truncated or corrupt: {exc}") from exc
+    if any(i.compress_type != zipfile.ZIP_STORED for i in infos):
+        raise ReplayCheckpointError(f"replay checkpoint {path!r} has compressed members: not a freshper replay file")
+    if sum(i.file_size for i in infos) > size:
+        raise ReplayCheckpointError(f"replay checkpoint {path!r} claims more data than the file holds: corrupt")
+
+
 def read_checkpoint(path: str | os.PathLike, required: tuple[str, ...]) -> tuple[dict, dict[str, np.ndarray]]:
     """Read and verify a checkpoint; any damage raises ``ReplayCheckpointError``."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(path)
+    _check_archive(path)
     try:
         with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:  # we close f, even on errors
             arrays = {k: z[k] for k in z.files}
@@ -162,6 +189,8 @@ def read_checkpoint(path: str | os.PathLike, required: tuple[str, ...]) -> tuple
         raise ReplayCheckpointError(f"replay checkpoint {path!r} failed its checksum: the file is corrupt")
     try:
         meta = json.loads(arrays.pop("meta").tobytes())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ReplayCheckpointError(f"replay checkpoint {path!r} has unreadable metadata: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise ReplayCheckpointError(f"replay checkpoint {path!r} has unreadable metadata: not an object")
     return meta, arrays

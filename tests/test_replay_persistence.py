@@ -135,3 +135,81 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path):
         buf.save(path)
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["replay.npz"]
+
+
+# -- untrusted files (each a crafted file that loaded, crashed or ate memory before) ----------------
+def _saved(tmp_path, n: int = 6):
+    from replay import ReplayBuffer
+
+    buf = ReplayBuffer(8, mode="fresh", alpha=1.0, tau=5.0, seed=0)
+    buf.add([{"x": np.arange(3) + i} for i in range(n)], np.linspace(0.1, 1.0, n), step=1)
+    path = tmp_path / "replay.npz"
+    buf.save(path)
+    return path
+
+
+def _rewrite(path, change) -> None:
+    """Load the raw arrays, let ``change`` edit them, write them back with a valid checksum."""
+    from replay.persistence import read_checkpoint, write_checkpoint
+
+    meta, arrays = read_checkpoint(path, ())
+    change(meta, arrays)
+    write_checkpoint(path, meta, arrays)
+
+
+def test_a_compressed_archive_is_refused_before_it_is_decompressed(tmp_path) -> None:
+    import time
+    import zipfile
+
+    from replay import ReplayBuffer, ReplayCheckpointError
+
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("p.npy", b"\0" * (200 << 20))  # 200 MB of zeros, ~200 KB on disk
+    assert bomb.stat().st_size < 1 << 20
+    t0 = time.perf_counter()
+    with pytest.raises(ReplayCheckpointError, match="compressed members"):
+        ReplayBuffer.load(bomb)
+    assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize("change, what", [
+    (lambda m, a: a.__setitem__("p", np.full_like(a["p"], np.nan)), "finite"),
+    (lambda m, a: m.__setitem__("cursor", 99), "cursor"),
+    (lambda m, a: m.__setitem__("size", 7), "lengths"),
+    (lambda m, a: a.__setitem__("ids", a["ids"] + 3), "ids"),
+    (lambda m, a: a.__setitem__("item_offsets", a["item_offsets"][::-1].copy()), "offsets"),
+    (lambda m, a: m.__setitem__("tau", "x"), "inconsistent"),
+])
+def test_a_checksummed_but_inconsistent_file_is_a_checkpoint_error(tmp_path, change, what) -> None:
+    from replay import ReplayBuffer, ReplayCheckpointError
+
+    path = _saved(tmp_path)
+    _rewrite(path, change)
+    with pytest.raises(ReplayCheckpointError, match=what):
+        ReplayBuffer.load(path)
+
+
+def test_items_that_decode_to_none_or_recurse_forever_are_checkpoint_errors(tmp_path) -> None:
+    from replay import ReplayBuffer, ReplayCheckpointError
+    from replay.persistence import DefaultCodec, pack_items
+
+    class NoneCodec(DefaultCodec):
+        def decode(self, data):
+            return None
+
+    path = _saved(tmp_path)
+    with pytest.raises(ReplayCheckpointError, match="None"):
+        ReplayBuffer.load(path, NoneCodec())
+
+    deep = b"FPR1" + len(b"[" * 100_000).to_bytes(8, "little") + b"[" * 100_000
+
+    def nest(meta, arrays):
+        offsets, data = pack_items([b"x"] * 6, DefaultCodec())
+        data = np.frombuffer(deep * 6, dtype=np.uint8)
+        arrays["item_offsets"] = np.arange(7, dtype=np.int64) * len(deep)
+        arrays["item_data"] = data
+
+    _rewrite(path, nest)
+    with pytest.raises(ReplayCheckpointError):
+        ReplayBuffer.load(path)
