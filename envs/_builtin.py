@@ -1,5 +1,7 @@
 """Registrations of the tasks that ship with freshper (entry points load lazily)."""
 
+from envs.reasoning import INSTALL_HINT as _REASONING_HINT
+from envs.reasoning import PRESETS as _REASONING_PRESETS
 from envs.registry import register
 
 register(
@@ -36,4 +38,31 @@ register(
     modality="text",
     description="Answer questions by searching a corpus (<search>..</search>, <answer>..</answer>).",
     kwargs={},
+)
+register(
+    "freshper/ReasoningGym-v0",
+    "envs.reasoning:ReasoningGymEnv",
+    modality="text",
+    description="Any reasoning-gym generator (task=<name>, its settings as kwargs); reward = its verifier's score.",
+    kwargs={"task": "basic_arithmetic"},
+    requires=("reasoning_gym",),
+    install_hint=_REASONING_HINT,
+)
+register(
+    "freshper/Arithmetic-v0",
+    "envs.reasoning:ReasoningGymEnv",
+    modality="text",
+    description="a + b, a - b, a * b with one-digit numbers (reasoning-gym basic_arithmetic); one answer.",
+    kwargs=_REASONING_PRESETS["arithmetic"],
+    requires=("reasoning_gym",),
+    install_hint=_REASONING_HINT,
+)
+register(
+    "freshper/Countdown-v0",
+    "envs.reasoning:ReasoningGymEnv",
+    modality="text",
+    description="Reach a target (10-30) with three one-digit numbers and + - * (reasoning-gym countdown); 3 attempts.",
+    kwargs=_REASONING_PRESETS["countdown"],
+    requires=("reasoning_gym",),
+    install_hint=_REASONING_HINT,
 )
