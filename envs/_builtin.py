@@ -8,15 +8,15 @@ register(
     "freshper/Sokoban-v0",
     "envs.sokoban:SokobanEnv",
     modality="text",
-    description="Push every box onto a goal; procedurally generated, always solvable rooms.",
-    kwargs={"preset": "simple"},
+    description="Push every box onto a goal; generated rooms always solvable in time (preset simple|hard|large), or XSB levels.",
+    kwargs={},
 )
 register(
     "freshper/SokobanVision-v0",
     "envs.sokoban:SokobanVisionEnv",
     modality="vision",
     description="Sokoban observed as a rendered image.",
-    kwargs={"preset": "simple"},
+    kwargs={},
 )
 register(
     "freshper/FrozenLake-v0",
