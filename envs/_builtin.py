@@ -4,6 +4,21 @@ from envs.reasoning import INSTALL_HINT as _REASONING_HINT
 from envs.reasoning import PRESETS as _REASONING_PRESETS
 from envs.registry import register
 
+#: What to install for the GEM tasks (envs/gem_compat.py).
+GEM_INSTALL_HINT = "pip install -e '.[gem]' (or pip install gem-llm; Python 3.10-3.11)"
+#: freshper ids of GEM's offline games -> GEM's ids (envs/gem_compat.py wraps them).
+GEM_GAMES: dict[str, str] = {
+    "gem/GuessTheNumberEasy-v0": "game:GuessTheNumber-v0-easy",
+    "gem/GuessTheNumberHard-v0": "game:GuessTheNumber-v0-hard",
+    "gem/MastermindEasy-v0": "game:Mastermind-v0-easy",
+    "gem/MastermindHard-v0": "game:Mastermind-v0-hard",
+    "gem/MinesweeperEasy-v0": "game:Minesweeper-v0-easy",
+    "gem/MinesweeperHard-v0": "game:Minesweeper-v0-hard",
+    "gem/Game2048Easy-v0": "game:Game2048-v0-easy",
+    "gem/SokobanEasy-v0": "game:Sokoban-v0-easy",
+    "gem/FifteenPuzzleEasy-v0": "game:FifteenPuzzle-v0-easy",
+}
+
 register(
     "freshper/Sokoban-v0",
     "envs.sokoban:SokobanEnv",
@@ -65,4 +80,23 @@ register(
     kwargs=_REASONING_PRESETS["countdown"],
     requires=("reasoning_gym",),
     install_hint=_REASONING_HINT,
+)
+for _id, _gem_id in GEM_GAMES.items():
+    register(
+        _id,
+        "envs.gem_compat:GemGameEnv",
+        modality="text",
+        description=f"GEM's {_gem_id} game (replies in \\boxed{{}} or <answer>); GEM's rewards.",
+        kwargs={"gem_id": _gem_id},
+        requires=("gem",),
+        install_hint=GEM_INSTALL_HINT,
+    )
+register(
+    "gem/Game-v0",
+    "envs.gem_compat:GemGameEnv",
+    modality="text",
+    description="Any GEM env by its id (gem_id='game:...'), e.g. gem_id='game:Mastermind-v0-random'.",
+    kwargs={"gem_id": "game:GuessTheNumber-v0-random"},
+    requires=("gem",),
+    install_hint=GEM_INSTALL_HINT,
 )
