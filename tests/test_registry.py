@@ -228,3 +228,15 @@ def test_a_task_whose_package_is_missing_is_listed_with_the_install_hint(scratch
     for make in (envs.make, gym.make):
         with pytest.raises(ImportError, match="needs the Python package\\(s\\) no_such_package_xyz.*pip install no-such-package"):
             make("testns/NeedsPkg-v0")
+
+
+def test_the_readmes_task_table_lists_every_registered_task() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("| id | modality | what |"):readme.index("Every task is a `gymnasium.Env`")]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    for spec in envs.registered_tasks():
+        if spec.source != "freshper":
+            continue
+        row = next((r for r in rows if f"`{spec.id}`" in r), None)
+        assert row is not None, f"{spec.id} is missing from the README's task table"
+        assert spec.modality in row or (spec.modality == "vision" and "image" in row)

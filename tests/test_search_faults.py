@@ -258,3 +258,34 @@ def test_a_truncated_file_in_the_index_cache_is_rebuilt(tmp_path: Path, search_c
         env.reset(seed=0)
         assert not env.step("<search>capital</search>")[4]["failed"]
         files = sorted(p for p in folder.iterdir() if p.is_file())  # the rebuilt cache
+
+
+def test_429_and_5xx_are_retried_and_other_4xx_fail_at_once() -> None:
+    calls = {"n": 0}
+    good = json.dumps({"result": [[_doc(0, title="Found")]]}).encode()
+
+    def flaky(handler, _request) -> None:
+        calls["n"] += 1
+        status, body = (503, b'{"error": "busy"}') if calls["n"] == 1 else (429, b"{}") if calls["n"] == 2 else (200, good)
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    with fault_server(flaky) as url:
+        assert HTTPRetriever(url, timeout=5, retries=2, backoff=0.01).search(["x"], 3)[0][0].title == "Found"
+        assert calls["n"] == 3
+
+    def refuse(handler, _request) -> None:
+        calls["n"] += 1
+        body = b'{"error": "bad topk"}'
+        handler.send_response(400)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    calls["n"] = 0
+    with fault_server(refuse) as url:
+        with pytest.raises(RetrievalError, match="rejected the request: HTTP 400: .*bad topk"):
+            HTTPRetriever(url, timeout=5, retries=3, backoff=0.01).search(["x"], 3)
+        assert calls["n"] == 1
