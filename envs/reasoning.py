@@ -35,11 +35,15 @@ import difflib
 import json
 import logging
 import math
-import multiprocessing
+import os
+import queue
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -115,8 +119,14 @@ def _score(dataset: Any, answer: str, entry: dict[str, Any]) -> float:
 
 
 # -- the scoring worker ------------------------------------------------------------------------
-def _worker_main(conn: Any, memory_mb: int) -> None:  # pragma: no cover (runs in the child)
-    """Score requests until the pipe closes: ``(task, config_json, size, seed, index, answer)``."""
+def _worker_loop(memory_mb: int) -> None:  # pragma: no cover (runs in the worker process)
+    """Answer JSON-line score requests on stdin until it closes (``python -c`` entry point).
+
+    Requests: ``{"task", "config", "size", "seed", "index", "answer"}``; answers: ``{"score",
+    "error"}``. The protocol owns stdout; anything a generator prints goes to stderr.
+    """
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    sys.stdout = sys.stderr
     try:
         import resource
 
@@ -126,78 +136,98 @@ def _worker_main(conn: Any, memory_mb: int) -> None:  # pragma: no cover (runs i
         pass
     try:
         _require()
-        conn.send("ready")
     except ImportError as exc:
-        conn.send(str(exc))
+        out.write(json.dumps({"ready": False, "error": str(exc)}) + "\n")
+        out.flush()
         return
-    while True:
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
         try:
-            task, config_json, size, seed, index, answer = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            dataset = _dataset(task, config_json, size, seed)
-            conn.send((_score(dataset, answer, dataset[index]), None))
+            req = json.loads(line)
+            dataset = _dataset(req["task"], req["config"], req["size"], req["seed"])
+            reply = {"score": _score(dataset, req["answer"], dataset[req["index"]]), "error": None}
         except MemoryError:
-            conn.send((0.0, "scoring ran out of memory"))
+            reply = {"score": 0.0, "error": "scoring ran out of memory"}
         except Exception as exc:  # the generator's scorer failed on this answer
-            conn.send((0.0, f"scoring failed: {type(exc).__name__}: {exc}"[:300]))
+            reply = {"score": 0.0, "error": f"scoring failed: {type(exc).__name__}: {exc}"[:300]}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
 
 
 class _ScoringWorker:
-    """One worker process per parent process, shared by every env; restarted after a timeout."""
+    """One worker process per parent process, shared by every env; restarted after a timeout.
+
+    A plain ``python -c`` subprocess speaking JSON lines over its pipes: no fork of a process
+    that may hold threads, and no re-import of the parent's main module (a spawned
+    multiprocessing child would import ``train.py`` and torch with it).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
 
     def _start(self, memory_mb: int) -> str | None:
         """Start the worker and wait until it has imported reasoning-gym; an error or None."""
-        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-        parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker_main, args=(child, memory_mb), daemon=True,
-                                 name="freshper-reasoning-scorer")
-        self._proc.start()
-        child.close()
-        self._conn = parent
+        root = str(Path(__file__).resolve().parents[1])  # where the envs package lives
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        code = f"import envs.reasoning as r; r._worker_loop({int(memory_mb)})"
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env=env, text=True, encoding="utf-8", bufsize=1)
+        self._lines = queue.Queue()
+        lines, stream = self._lines, self._proc.stdout
+
+        def read() -> None:
+            for line in stream:  # type: ignore[union-attr]
+                lines.put(line)
+            lines.put(None)  # end of stream: the worker exited
+
+        threading.Thread(target=read, daemon=True, name="freshper-reasoning-scorer-reader").start()
         try:
-            if parent.poll(START_TIMEOUT):
-                message = parent.recv()
-                if message == "ready":
-                    return None
-                self.stop()
-                return f"the scoring worker could not start: {message}"
-        except (EOFError, OSError) as exc:
+            first = self._lines.get(timeout=START_TIMEOUT)
+        except queue.Empty:
             self.stop()
-            return f"the scoring worker could not start: {type(exc).__name__}"
-        self.stop()
-        return f"the scoring worker did not start within {START_TIMEOUT:g} s"
+            return f"the scoring worker did not start within {START_TIMEOUT:g} s"
+        message = json.loads(first) if first else {"ready": False, "error": "it exited"}
+        if not message.get("ready"):
+            self.stop()
+            return f"the scoring worker could not start: {message.get('error')}"
+        return None
 
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
-        self._proc = self._conn = None
+            self._proc.wait(timeout=10)
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._proc = None
 
-    def score(self, request: tuple, timeout: float, memory_mb: int) -> tuple[float, str | None]:
+    def score(self, request: dict[str, Any], timeout: float, memory_mb: int) -> tuple[float, str | None]:
         with self._lock:
-            if self._proc is None or not self._proc.is_alive():
+            if self._proc is None or self._proc.poll() is not None:
                 self.stop()
                 error = self._start(memory_mb)
                 if error:
                     return 0.0, error
             try:
-                self._conn.send(request)
-                if self._conn.poll(timeout):
-                    return self._conn.recv()
-            except (EOFError, OSError) as exc:
+                assert self._proc is not None and self._proc.stdin is not None
+                self._proc.stdin.write(json.dumps(request) + "\n")
+                self._proc.stdin.flush()
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                self.stop()  # still computing: kill it; the next answer starts a fresh one
+                return 0.0, f"scoring timed out after {timeout:g} s"
+            except OSError as exc:
                 self.stop()
                 return 0.0, f"the scoring worker died ({type(exc).__name__})"
-            self.stop()  # still computing: kill it; the next answer starts a fresh one
-            return 0.0, f"scoring timed out after {timeout:g} s"
+            if line is None:
+                self.stop()
+                return 0.0, "the scoring worker died while scoring (out of memory?)"
+            reply = json.loads(line)
+            return float(reply["score"]), reply["error"]
 
 
 _WORKER = _ScoringWorker()
@@ -324,7 +354,8 @@ class ReasoningGymEnv(MultiTurnEnv):
             except Exception as exc:  # the generator's scorer failed on this answer
                 logger.debug("reasoning-gym %s: scoring %r failed: %s", self.task, answer[:80], exc)
                 return 0.0, f"scoring failed: {type(exc).__name__}: {exc}"[:300]
-        request = (self.task, self._config_json, self.size, self.dataset_seed, self.index, answer)
+        request = {"task": self.task, "config": self._config_json, "size": self.size, "seed": self.dataset_seed,
+                   "index": self.index, "answer": answer}
         score, error = _WORKER.score(request, self.score_timeout, self.score_memory_mb)
         if error:
             logger.warning("reasoning-gym %s: answer %r scored 0: %s", self.task, answer[:80], error)
