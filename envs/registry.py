@@ -222,6 +222,17 @@ def task_spec(env_id: str) -> TaskSpec:
         ) from None
 
 
+def task_class(env_id: str) -> type:
+    """The class of a registered task, loaded without building an env: for the class methods
+    of the contract, e.g. ``task_class(env_id).turn_diagnostics(turns)``."""
+    spec = task_spec(env_id)
+    creator = _Creator(env_id, spec.entry_point)._load()
+    if not isinstance(creator, type):
+        raise TypeError(f"task {env_id!r} is registered with a factory function, not a class; build it and use "
+                        "type(env.unwrapped)")
+    return creator
+
+
 def registered_tasks() -> list[TaskSpec]:
     """All registered tasks, sorted by id."""
     return [_TASKS[k] for k in sorted(_TASKS)]

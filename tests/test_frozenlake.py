@@ -222,7 +222,7 @@ def test_turn_diagnostics_give_the_numbers_of_the_reports_board_probe(size: int,
 
     turns = _played_turns(size, episodes=150, feedback=feedback, seed=size)
     records = [SimpleNamespace(turns=[SimpleNamespace(observation=o, reply=r) for o, r in turns])]
-    ours, theirs = FrozenLakeEnv.turn_diagnostics(turns), board_probe(records)
+    ours, theirs = envs.task_class("freshper/FrozenLake-v0").turn_diagnostics(turns), board_probe(records)
     assert set(ours) == {"probe_states", "probe_down_right", "probe_safe_rate"}
     assert ours == pytest.approx(theirs, nan_ok=True)
     assert ours["probe_down_right"] > 20  # the sample exercises the probe

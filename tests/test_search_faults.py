@@ -239,6 +239,7 @@ def test_the_server_refuses_to_start_with_a_default_topk_it_would_reject(topk: s
 
 # -- 11: a damaged index cache is rebuilt ------------------------------------------------------------
 def test_a_truncated_file_in_the_index_cache_is_rebuilt(tmp_path: Path, search_cache: Path) -> None:
+    envs.search.env._SHARED.clear()
     env = gym.make("freshper/SearchQA-v0")  # builds and caches the default corpus's index
     index_root = search_cache / "search" / "index"
     (folder,) = [p for p in index_root.iterdir() if not p.name.startswith(".")]

@@ -442,6 +442,9 @@ def test_a_large_collection_opens_fast_and_skips_a_malformed_level(tmp_path):
     env = SokobanEnv(levels_file=str(path))
     assert time.perf_counter() - start < 15
     assert len(env._levels) == 170_000 and env.image_shape == (10 * 28, 10 * 28, 3)
+    start = time.perf_counter()
+    others = [SokobanEnv(levels_file=str(path)) for _ in range(16)]  # a runner's batch of envs
+    assert all(o._levels is env._levels for o in others) and time.perf_counter() - start < 1
     with pytest.raises(LevelError, match="large.txt: level 7: a level needs exactly one player"):
         env.reset(options={"level_index": 7})
     drawn = env._draw_level(7)

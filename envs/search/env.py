@@ -77,18 +77,18 @@ def shared_retriever(corpus: str | Path | None = None, retrieval_url: str | None
     Sharing means 64 envs build one BM25 index, and :func:`batch_search` can send their
     queries in one call.
     """
+    if not retrieval_url and corpus is None:  # the default corpus of the current cache root
+        from envs.search.kb import default_paths
+
+        corpus = default_paths()["corpus"]
     key = ((f"url {retrieval_url} {timeout} {retries} {backoff}") if retrieval_url
-           else f"corpus {Path(corpus).resolve() if corpus else ''}")
+           else f"corpus {Path(corpus).resolve()}")  # type: ignore[arg-type]
     with _SHARED_LOCK:
         if key not in _SHARED:
             if retrieval_url:
                 inner: Retriever = HTTPRetriever(retrieval_url, timeout=timeout, retries=retries, backoff=backoff)
             else:
-                if corpus is None:
-                    from envs.search.kb import default_paths
-
-                    corpus = default_paths()["corpus"]
-                inner = BM25Retriever(corpus)
+                inner = BM25Retriever(corpus)  # type: ignore[arg-type]
             _SHARED[key] = CachedRetriever(inner)
         return _SHARED[key]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,6 +55,32 @@ LOADED_LEVEL_MAX_TURNS = 120
 #: Collections with at most this many levels are parsed and checked when the env is built;
 #: larger ones are indexed and each level is parsed when first drawn.
 VALIDATE_LEVELS_UP_TO = 2_000
+
+
+_COLLECTIONS: dict[tuple[str, int, int], LevelCollection] = {}
+_COLLECTIONS_LOCK = threading.Lock()
+
+
+def shared_collection(path: str | Path) -> LevelCollection:
+    """One :class:`LevelCollection` per file (and version of it) per process: a runner builds
+    B x G envs of one task, which must not read and index the file B x G times. Collections of
+    up to ``VALIDATE_LEVELS_UP_TO`` levels are checked completely when first opened."""
+    resolved = Path(path).resolve()
+    try:
+        stat = resolved.stat()
+        key = (str(resolved), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return LevelCollection(path)  # raises the clear error for a missing file
+    with _COLLECTIONS_LOCK:
+        collection = _COLLECTIONS.get(key)
+        if collection is None:
+            collection = LevelCollection(resolved)
+            if len(collection) <= VALIDATE_LEVELS_UP_TO:
+                collection.validate()
+            for old in [k for k in _COLLECTIONS if k[0] == key[0]]:  # an older version of the file
+                del _COLLECTIONS[old]
+            _COLLECTIONS[key] = collection
+        return collection
 
 
 def loaded_level_turns(level: SokobanLevel) -> int:
@@ -122,9 +149,7 @@ class SokobanEnv(MultiTurnEnv):
                     raise LevelError(f"level= must be one XSB level as a string, got {type(level).__name__}")
                 self._levels = [parse_xsb(level)]
             else:
-                self._levels = LevelCollection(levels_file)  # type: ignore[arg-type]
-                if len(self._levels) <= VALIDATE_LEVELS_UP_TO:
-                    self._levels.validate()
+                self._levels = shared_collection(levels_file)  # type: ignore[arg-type]
             self._auto_turns = max_turns is None
             max_turns = LOADED_LEVEL_MAX_TURNS if max_turns is None else max_turns
         else:

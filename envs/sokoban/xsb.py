@@ -14,9 +14,9 @@ seconds.
 
 from __future__ import annotations
 
-import io
 import logging
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +211,7 @@ class LevelCollection:
         self.max_height, self.max_width = max(heights), max(widths)
         self._cache: OrderedDict[int, SokobanLevel] = OrderedDict()
         self._cache_size = int(cache_size)
+        self._lock = threading.Lock()  # shared by the envs of a process (shared_collection)
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -222,17 +223,19 @@ class LevelCollection:
     def __getitem__(self, index: int) -> SokobanLevel:
         if not 0 <= index < len(self):
             raise IndexError(f"level index {index} out of range: {self.path} has {len(self)} levels")
-        level = self._cache.get(index)
-        if level is None:
-            try:
-                level = parse_xsb(self.text(index))
-            except LevelError as exc:
-                raise LevelError(f"{self.path}: level {self.labels[index]}: {exc}") from None
+        with self._lock:
+            level = self._cache.get(index)
+            if level is not None:
+                self._cache.move_to_end(index)
+                return level
+        try:
+            level = parse_xsb(self.text(index))
+        except LevelError as exc:
+            raise LevelError(f"{self.path}: level {self.labels[index]}: {exc}") from None
+        with self._lock:
             self._cache[index] = level
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(index)
         return level
 
     def validate(self) -> None:
