@@ -181,7 +181,8 @@ def test_the_readme_plugin_passes_gymnasiums_checker_through_make(scratch_regist
     assert envs.task_spec("testns/GuessDigit-v0").modality == "text"  # taken from the class
     env = envs.make("testns/GuessDigit-v0", render_mode="ansi")
     check_env(env.unwrapped)  # renders every listed mode through the spec: 'ansi' only
-    with pytest.raises(ValueError, match="render_mode must be one of \\['ansi'\\]"):
+    with pytest.warns(UserWarning, match="not in the possible render_modes"), \
+            pytest.raises(ValueError, match="render_mode must be one of \\['ansi'\\]"):
         envs.make("testns/GuessDigit-v0", render_mode="rgb_array")
 
 
