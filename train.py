@@ -42,7 +42,7 @@ from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resum
                                 verify_checkpoint)
 from learner.cli import dataclass_parser, replace_checked  # noqa: E402
 from learner.loss import LossConfig  # noqa: E402
-from learner.report import MetricsLogger, board_probe, plot_curves, read_metrics, summarize  # noqa: E402
+from learner.report import MetricsLogger, plot_curves, read_metrics, summarize, task_turn_diagnostics  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE, MAX_RUN_SEED, train_seed  # noqa: E402
 from learner.state import ReplaySettings, TrainerState  # noqa: E402
 
@@ -663,7 +663,7 @@ def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None) -> t
         "invalid_rate": result.invalid_reply_rate, "turns_mean": result.mean_turns,
         "failed_eval": int(result.stats.get("failed", 0)),
     }
-    out.update(board_probe(result.records))
+    out.update(task_turn_diagnostics(cfg.env_id, result.records))
     if cfg.diagnostics and not greedy:
         out.update(policy_diagnostics(run.policy, cfg.env_id, cfg.env_kwargs, temperature=cfg.temperature))
     return out, result.records

@@ -13,6 +13,7 @@ from envs.registry import (
     make,
     register,
     registered_tasks,
+    task_class,
     task_spec,
 )
 from envs.spaces import AnyText
@@ -29,6 +30,7 @@ __all__ = [
     "make",
     "register",
     "registered_tasks",
+    "task_class",
     "task_spec",
     "AnyText",
 ]

@@ -18,6 +18,13 @@ def _kwargs_text(kwargs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "-"
 
 
+def _description(spec: envs.TaskSpec) -> str:
+    """The description, with what to install when a package the task needs is missing."""
+    if spec.available:
+        return spec.description
+    return f"{spec.description} [not installed: {spec.install_hint or ', '.join(spec.missing())}]"
+
+
 def format_table(rows: list[list[str]], header: list[str]) -> str:
     """Left-aligned plain-text columns (no dependency on a table library)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
@@ -33,9 +40,10 @@ def list_tasks(out: TextIO = sys.stdout, as_json: bool = False) -> None:
         for s in specs:
             entry = s.entry_point if isinstance(s.entry_point, str) else repr(s.entry_point)
             out.write(json.dumps({"id": s.id, "modality": s.modality, "kwargs": s.kwargs,
-                                  "description": s.description, "source": s.source, "entry_point": entry}) + "\n")
+                                  "description": s.description, "source": s.source, "entry_point": entry,
+                                  "available": s.available, "install_hint": s.install_hint}) + "\n")
         return
-    rows = [[s.id, s.modality, _kwargs_text(s.kwargs), s.description, s.source] for s in specs]
+    rows = [[s.id, s.modality, _kwargs_text(s.kwargs), _description(s), s.source] for s in specs]
     out.write(format_table(rows, ["id", "modality", "defaults", "description", "source"]) + "\n")
     out.write(f"\n{len(specs)} tasks. Play one: python -m envs.play <id>\n")
 

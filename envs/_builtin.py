@@ -1,20 +1,37 @@
 """Registrations of the tasks that ship with freshper (entry points load lazily)."""
 
+from envs.reasoning import INSTALL_HINT as _REASONING_HINT
+from envs.reasoning import PRESETS as _REASONING_PRESETS
 from envs.registry import register
+
+#: What to install for the GEM tasks (envs/gem_compat.py).
+GEM_INSTALL_HINT = "pip install -e '.[gem]' (or pip install gem-llm; Python 3.10-3.11)"
+#: freshper ids of GEM's offline games -> GEM's ids (envs/gem_compat.py wraps them).
+GEM_GAMES: dict[str, str] = {
+    "gem/GuessTheNumberEasy-v0": "game:GuessTheNumber-v0-easy",
+    "gem/GuessTheNumberHard-v0": "game:GuessTheNumber-v0-hard",
+    "gem/MastermindEasy-v0": "game:Mastermind-v0-easy",
+    "gem/MastermindHard-v0": "game:Mastermind-v0-hard",
+    "gem/MinesweeperEasy-v0": "game:Minesweeper-v0-easy",
+    "gem/MinesweeperHard-v0": "game:Minesweeper-v0-hard",
+    "gem/Game2048Easy-v0": "game:Game2048-v0-easy",
+    "gem/SokobanEasy-v0": "game:Sokoban-v0-easy",
+    "gem/FifteenPuzzleEasy-v0": "game:FifteenPuzzle-v0-easy",
+}
 
 register(
     "freshper/Sokoban-v0",
     "envs.sokoban:SokobanEnv",
     modality="text",
-    description="Push every box onto a goal; procedurally generated, always solvable rooms.",
-    kwargs={"preset": "simple"},
+    description="Push every box onto a goal; generated rooms always solvable in time (preset simple|hard|large), or XSB levels.",
+    kwargs={},
 )
 register(
     "freshper/SokobanVision-v0",
     "envs.sokoban:SokobanVisionEnv",
     modality="vision",
     description="Sokoban observed as a rendered image.",
-    kwargs={"preset": "simple"},
+    kwargs={},
 )
 register(
     "freshper/FrozenLake-v0",
@@ -36,4 +53,50 @@ register(
     modality="text",
     description="Answer questions by searching a corpus (<search>..</search>, <answer>..</answer>).",
     kwargs={},
+)
+register(
+    "freshper/ReasoningGym-v0",
+    "envs.reasoning:ReasoningGymEnv",
+    modality="text",
+    description="Any reasoning-gym generator (task=<name>, its settings as kwargs); reward = its verifier's score.",
+    kwargs={"task": "basic_arithmetic"},
+    requires=("reasoning_gym",),
+    install_hint=_REASONING_HINT,
+)
+register(
+    "freshper/Arithmetic-v0",
+    "envs.reasoning:ReasoningGymEnv",
+    modality="text",
+    description="a + b, a - b, a * b with one-digit numbers (reasoning-gym basic_arithmetic); one answer.",
+    kwargs=_REASONING_PRESETS["arithmetic"],
+    requires=("reasoning_gym",),
+    install_hint=_REASONING_HINT,
+)
+register(
+    "freshper/Countdown-v0",
+    "envs.reasoning:ReasoningGymEnv",
+    modality="text",
+    description="Reach a target (10-30) with three one-digit numbers and + - * (reasoning-gym countdown); 3 attempts.",
+    kwargs=_REASONING_PRESETS["countdown"],
+    requires=("reasoning_gym",),
+    install_hint=_REASONING_HINT,
+)
+for _id, _gem_id in GEM_GAMES.items():
+    register(
+        _id,
+        "envs.gem_compat:GemGameEnv",
+        modality="text",
+        description=f"GEM's {_gem_id} game (replies in \\boxed{{}} or <answer>); GEM's rewards.",
+        kwargs={"gem_id": _gem_id},
+        requires=("gem",),
+        install_hint=GEM_INSTALL_HINT,
+    )
+register(
+    "gem/Game-v0",
+    "envs.gem_compat:GemGameEnv",
+    modality="text",
+    description="Any GEM env by its id (gem_id='game:...'), e.g. gem_id='game:Mastermind-v0-random'.",
+    kwargs={"gem_id": "game:GuessTheNumber-v0-random"},
+    requires=("gem",),
+    install_hint=GEM_INSTALL_HINT,
 )

@@ -5,6 +5,34 @@ observation is ``{"text": str}`` (text tasks) or ``{"text": str, "image": uint8 
 (vision tasks, the text holding ``<image>`` where the picture goes). Subclasses implement
 the task; this base class owns turn counting, lenient reply parsing, invalid replies, the
 format penalty and the ``info`` keys every runner relies on.
+
+The whole contract, in one place (docs/design.md and docs/hub.md explain it with examples):
+
+=========================================  ==================================================
+what a task declares or implements         what it is for / the default
+=========================================  ==================================================
+``modality`` (class attribute)             ``"text"`` or ``"vision"``; the one source of the
+                                           modality: ``register`` derives it from a class
+                                           entry point and checks a lazy one when built
+``metadata["render_modes"]``               derived: ``"ansi"`` always, ``"rgb_array"`` when
+                                           the class implements ``render_image``
+``markov_state`` (class attribute)         the state text is all an agent needs (trainers
+                                           then default to ``feedback=False``)
+``_reset_task``, ``instructions``,         the task itself (required)
+``state_text``, ``parse_action``,
+``apply_action``
+``render_image()``                         vision tasks (required there), optional otherwise
+``legal_actions()`` or ``sample_reply()``  random well-formed replies: the random agent,
+                                           pretraining replies (required: one of the two)
+``format_reply(action)``                   ``<answer>action</answer>``
+``describe_action(reply)``                 the answer tag's content
+``outcome_text(terminated, success)``      the new state (``render_text``), or
+                                           ``success``/``failure``
+``counterfactual_probes(rng, n)``          none
+``before_batch_step(envs, replies)``       class method; nothing
+``turn_diagnostics(turns)``                class method; ``{}``: task-specific numbers over
+                                           played ``(observation, reply)`` turns
+=========================================  ==================================================
 """
 
 from __future__ import annotations
@@ -67,7 +95,10 @@ class MultiTurnEnv(gym.Env[dict, str]):
     for Markov tasks played in ``window:0`` context the extra lines only lengthen the prompt.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    #: ``render_modes`` is derived per class (:meth:`__init_subclass__`): ``"ansi"`` always, and
+    #: ``"rgb_array"`` when the class implements :meth:`render_image`. A class that sets its own
+    #: ``metadata`` is checked instead (it may not list a mode it does not implement).
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
     modality: ClassVar[Modality] = "text"
     #: True when the observed state (``state_text()``, and the image for vision tasks) is all an
     #: agent needs to act: no history and no feedback lines. Trainers then default to
@@ -75,6 +106,30 @@ class MultiTurnEnv(gym.Env[dict, str]):
     markov_state: ClassVar[bool] = False
     #: Shape of the observed image for vision tasks; subclasses set it in ``__init__``.
     image_shape: tuple[int, int, int] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Derive (or check) the render modes the class implements, and check its modality.
+
+        gymnasium's ``check_env`` renders every mode listed in ``metadata["render_modes"]``, so a
+        text task that listed ``"rgb_array"`` without drawing anything failed it.
+        """
+        super().__init_subclass__(**kwargs)
+        draws = cls.render_image is not MultiTurnEnv.render_image
+        if cls.modality not in ("text", "vision"):
+            raise TypeError(f"{cls.__name__}.modality must be 'text' or 'vision', got {cls.modality!r}")
+        if cls.modality == "vision" and not draws:
+            raise TypeError(f"{cls.__name__} is a vision task but does not implement render_image()")
+        if "metadata" in cls.__dict__:
+            modes = list(cls.metadata.get("render_modes", []))
+            if "rgb_array" in modes and not draws:
+                raise TypeError(f"{cls.__name__}.metadata lists render mode 'rgb_array' but the class does not "
+                                "implement render_image(); remove the mode or implement it")
+            unknown = set(modes) - {"ansi", "rgb_array"}
+            if unknown:
+                raise TypeError(f"{cls.__name__}.metadata lists render modes {sorted(unknown)}; "
+                                "MultiTurnEnv renders 'ansi' and 'rgb_array' only")
+        else:
+            cls.metadata = {**cls.metadata, "render_modes": ["ansi", "rgb_array"] if draws else ["ansi"]}
 
     def __init__(
         self,
@@ -127,6 +182,8 @@ class MultiTurnEnv(gym.Env[dict, str]):
         raise NotImplementedError
 
     def render_image(self) -> np.ndarray:
+        """The picture of the state, uint8 (H, W, 3): required for vision tasks, optional for text
+        ones (``envs.play --save-gif``); implementing it adds the ``"rgb_array"`` render mode."""
         raise NotImplementedError(f"{type(self).__name__} has no image rendering")
 
     def render_text(self) -> str:
@@ -189,6 +246,14 @@ class MultiTurnEnv(gym.Env[dict, str]):
         difference. Empty when the task defines none (the default).
         """
         return []
+
+    @classmethod
+    def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
+        """Task-specific numbers computed from played turns, each ``(observation text, reply)``
+        (e.g. from evaluation records); trainers log them with every evaluation. A class method
+        because it reads only the text, not a live env. The default has none (``{}``); FrozenLake
+        reports its safe-move probe."""
+        return {}
 
     # -- the contract -------------------------------------------------------------------
     def _observation(self, text: str) -> dict[str, Any]:

@@ -20,6 +20,8 @@ to its first letter (``<answer>d</answer>``). Anything else is an invalid reply.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -54,6 +56,8 @@ _FAIL = (1.0 - _SUCCESS) / 2.0
 _SLIP_CDF = np.cumsum([_FAIL, _SUCCESS, _FAIL])
 
 TILE = 28  # pixels per cell: one Qwen2-VL visual token per tile
+#: One row of the board text (:meth:`FrozenLakeEnv.board_text`), stripped: cells separated by spaces.
+_BOARD_ROW = re.compile(r"^[SFHGP]( [SFHGP])+$")
 
 
 def goal_reachable(board: np.ndarray) -> bool:
@@ -74,22 +78,73 @@ def goal_reachable(board: np.ndarray) -> bool:
     return False
 
 
-def random_map(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> list[str]:
+def parse_board(text: str) -> list[list[str]] | None:
+    """The last board (rows of space-separated ``S F H G P`` cells, any size) in an observation
+    text, as rows of cells; None when the text holds none (e.g. a vision observation)."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if _BOARD_ROW.match(line.strip()):
+            current.append(line.strip())
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    if not blocks:
+        return None
+    rows = [r.split(" ") for r in blocks[-1]]
+    return rows if all(len(r) == len(rows[0]) for r in rows) else None
+
+
+#: Redraws ``random_map`` makes before giving up (settings that pass
+#: :func:`check_map_settings` find a map within a few thousand draws at worst).
+MAX_MAP_DRAWS = 100_000
+#: Draws :func:`check_map_settings` tries before rejecting ``size``/``p``.
+SETTINGS_PROBE_DRAWS = 2_000
+
+
+class MapGenerationError(ValueError):
+    """No solvable random map could be drawn for these settings (``p`` too low for ``size``)."""
+
+
+def random_map(rng: np.random.Generator, size: int = 4, p: float = 0.8, *,
+               max_draws: int = MAX_MAP_DRAWS) -> list[str]:
     """A random solvable map, drawn from ``rng`` exactly as gymnasium's ``generate_random_map``.
 
     Given a generator in the same state, this returns the same map as
-    ``gymnasium.envs.toy_text.frozen_lake.generate_random_map(size, p, seed)``.
+    ``gymnasium.envs.toy_text.frozen_lake.generate_random_map(size, p, seed)``. Unlike it, the
+    redraws are bounded: after ``max_draws`` unsolvable maps it raises
+    :class:`MapGenerationError` instead of looping forever (``p=0.05`` on 8x8 has a path with
+    probability ~1e-17).
     """
     if size < 2:
         raise ValueError(f"FrozenLake size must be >= 2, got {size}")
     if not 0.0 < p <= 1.0:
         raise ValueError(f"frozen probability p must be in (0, 1], got {p}")
-    while True:
+    for _ in range(max_draws):
         board = rng.choice(["F", "H"], (size, size), p=[p, 1 - p])
         board[0][0] = "S"
         board[-1][-1] = "G"
         if goal_reachable(board):
             return ["".join(row) for row in board]
+    raise MapGenerationError(
+        f"no {size}x{size} FrozenLake map with a path from S to G in {max_draws} draws at p={p}; "
+        "raise p (the probability that a cell is frozen) or lower size")
+
+
+@lru_cache(maxsize=64)
+def check_map_settings(size: int, p: float) -> None:
+    """Reject ``size``/``p`` for which solvable maps are too rare to draw (a clear error at
+    construction instead of a reset that never returns): some map within
+    ``SETTINGS_PROBE_DRAWS`` draws must have a path."""
+    try:
+        random_map(np.random.default_rng(0), size, p, max_draws=SETTINGS_PROBE_DRAWS)
+    except MapGenerationError:
+        raise MapGenerationError(
+            f"FrozenLake settings size={size}, p={p} almost never give a solvable map (none in "
+            f"{SETTINGS_PROBE_DRAWS} draws); raise p (the probability that a cell is frozen) or lower size"
+        ) from None
 
 
 class FrozenLakeEnv(MultiTurnEnv):
@@ -134,6 +189,8 @@ class FrozenLakeEnv(MultiTurnEnv):
             raise ValueError(f"FrozenLake size must be >= 2, got {size}")
         if not 0.0 < self.p <= 1.0:
             raise ValueError(f"frozen probability p must be in (0, 1], got {p}")
+        if self.fixed_map is None:
+            check_map_settings(self.size, self.p)
         self.nrow, self.ncol = (len(desc), len(desc[0])) if desc is not None else (self.size, self.size)
         self.is_slippery = bool(is_slippery)
         super().__init__(
@@ -271,6 +328,51 @@ class FrozenLakeEnv(MultiTurnEnv):
             probes.append(({"desc": ["".join(x) for x in a], "position": [r, c]},
                            {"desc": ["".join(x) for x in b], "position": [r, c]}, "Down"))
         return probes
+
+    @classmethod
+    def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
+        """The safe-move probe: how often the policy takes the safe move where exactly one of
+        Down/Right is a hole.
+
+        Over every turn whose observation shows a board (any size; vision observations show
+        none and are skipped) with exactly one player, where both Down and Right stay on the
+        board and exactly one of them leads into a hole, it counts replies naming Down or Right
+        and the fraction that chose the safe one: 0.5 is what a board-blind Down/Right habit
+        scores (docs/design.md). Other replies (other moves, invalid replies) are counted
+        apart. A reply is read as the env reads it (the last complete answer tag), so the move
+        counted is the move the env executed.
+
+        Returns ``probe_states`` (qualifying turns), ``probe_down_right`` (of those, replies of
+        Down or Right) and ``probe_safe_rate`` (NaN when there were none).
+        """
+        safe = unsafe = other = 0
+        for observation, reply in turns:
+            board = parse_board(observation or "")
+            if board is None:
+                continue
+            where = [(r, c) for r, row in enumerate(board) for c, ch in enumerate(row) if ch == "P"]
+            if len(where) != 1:
+                continue
+            r, c = where[0]
+            if r + 1 >= len(board) or c + 1 >= len(board[0]):
+                continue
+            down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"
+            if down_hole == right_hole:
+                continue
+            content = extract_tag(reply) if isinstance(reply, str) else None
+            move = _ACTION_BY_WORD.get(content.lower()) if content is not None else None
+            if move not in (DOWN, RIGHT):
+                other += 1
+            elif (move == DOWN) != down_hole:
+                safe += 1
+            else:
+                unsafe += 1
+        n = safe + unsafe
+        return {
+            "probe_states": float(n + other),
+            "probe_down_right": float(n),
+            "probe_safe_rate": safe / n if n else float("nan"),
+        }
 
     # -- pictures -----------------------------------------------------------------------
     def render_image(self) -> np.ndarray:

@@ -4,12 +4,20 @@
 ``python -m envs list``, and registers it with gymnasium so ``gymnasium.make(id, **kwargs)``
 works. Third-party packages add tasks through the entry-point group ``freshper.envs``: each
 entry point is a function that calls :func:`register`.
+
+The modality has one source, the task class (``MultiTurnEnv.modality``): a class entry point
+gives it at registration; a lazy ``"module:Class"`` entry point is registered with the modality
+it promises (so listings need not import the module) and the class is checked against it each
+time the task is built, with an error naming both. A task may name the optional packages it
+needs (``requires``): it is still listed, marked as not installed with the install hint, and
+building it says what to install.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import importlib.util
 import logging
 import re
 from dataclasses import dataclass, field
@@ -45,6 +53,83 @@ class TaskSpec:
     description: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     source: str = "freshper"
+    #: Importable top-level modules the task needs beyond freshper's own dependencies.
+    requires: tuple[str, ...] = ()
+    #: What to install when a required module is missing, e.g. ``pip install -e '.[reasoning]'``.
+    install_hint: str = ""
+
+    def missing(self) -> list[str]:
+        """The required modules that cannot be imported here (cheap: nothing is imported)."""
+        return [m for m in self.requires if not _importable(m)]
+
+    @property
+    def available(self) -> bool:
+        """Whether every required module is installed."""
+        return not self.missing()
+
+    def missing_message(self) -> str:
+        """Why the task cannot be built here and what to install ('' when it can)."""
+        missing = self.missing()
+        if not missing:
+            return ""
+        hint = f": {self.install_hint}" if self.install_hint else ""
+        return f"task {self.id!r} needs the Python package(s) {', '.join(missing)}, which are not installed{hint}"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _Creator:
+    """The gymnasium entry point of a registered task: loads the class (with a clear error for
+    a missing package or module), checks that its modality is the registered one, builds it.
+
+    A module-level class with plain attributes, so gymnasium's vector envs can pickle it.
+    """
+
+    def __init__(self, env_id: str, entry_point: str | Callable[..., gym.Env]) -> None:
+        self.env_id = env_id
+        self.entry_point = entry_point
+
+    def _load(self) -> Callable[..., gym.Env]:
+        spec = _TASKS.get(self.env_id)
+        if spec is not None and spec.missing():
+            raise ImportError(spec.missing_message())
+        if not isinstance(self.entry_point, str):
+            return self.entry_point
+        try:
+            return load_env_creator(self.entry_point)
+        except (ImportError, AttributeError) as exc:
+            source = spec.source if spec is not None else "?"
+            raise ImportError(
+                f"task {self.env_id!r} is registered (source {source}) but its entry point "
+                f"{self.entry_point!r} could not be loaded: {exc}. Is the package that provides it "
+                "installed and up to date?"
+            ) from exc
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The class's metadata (gymnasium reads its render modes before building)."""
+        return dict(getattr(self._load(), "metadata", {}))
+
+    def __call__(self, **kwargs: Any) -> gym.Env:
+        creator = self._load()
+        env = creator(**kwargs)
+        spec = _TASKS.get(self.env_id)
+        actual = getattr(getattr(env, "unwrapped", env), "modality", None)
+        if spec is not None and actual is not None and actual != spec.modality:
+            raise RegistrationError(
+                f"task {self.env_id!r} was registered with modality={spec.modality!r} but its class "
+                f"{type(env.unwrapped).__name__} declares modality={actual!r}; fix the register() call "
+                "(or omit modality= when registering a class, so it is taken from the class)"
+            )
+        return env
+
+    def __repr__(self) -> str:
+        return f"_Creator({self.env_id!r}, {self.entry_point!r})"
 
 
 _TASKS: dict[str, TaskSpec] = {}
@@ -67,26 +152,46 @@ def register(
     env_id: str,
     entry_point: str | Callable[..., gym.Env],
     *,
-    modality: str,
+    modality: str | None = None,
     description: str = "",
     kwargs: dict[str, Any] | None = None,
     source: str | None = None,
     override: bool = False,
+    requires: tuple[str, ...] | list[str] = (),
+    install_hint: str = "",
 ) -> TaskSpec:
     """Register a task by id.
 
     Args:
         env_id: ``namespace/Name-vN``.
-        entry_point: ``"module.path:ClassName"`` or a callable returning the env.
-        modality: ``"text"`` or ``"vision"``.
+        entry_point: ``"module.path:ClassName"`` (loaded lazily, when the task is built) or a
+            class or callable returning the env.
+        modality: ``"text"`` or ``"vision"``. Taken from the class when ``entry_point`` is a
+            class with a ``modality`` attribute (a different value given here is an error);
+            required for lazy string entry points, and checked against the class when built.
         description: one line shown by ``python -m envs list``.
         kwargs: default keyword arguments (overridable in ``gymnasium.make``).
         source: the distribution that provides the task (shown in listings); defaults to
             the distribution of the running ``freshper.envs`` entry point, else "freshper".
         override: replace an existing registration instead of raising.
+        requires: importable modules the task needs beyond freshper's dependencies; when one is
+            missing the task is still listed (marked) and building it raises ``ImportError``
+            with ``install_hint``.
+        install_hint: what to install, e.g. ``"pip install -e '.[reasoning]'"``.
     """
     validate_id(env_id)
     source = source or _plugin_source or "freshper"
+    declared = getattr(entry_point, "modality", None) if isinstance(entry_point, type) else None
+    if declared is not None:
+        if modality is not None and modality != declared:
+            raise RegistrationError(
+                f"modality={modality!r} given for {env_id!r}, but its class {entry_point.__name__} "
+                f"declares modality={declared!r}; omit modality= (it is taken from the class) or fix the class")
+        modality = declared
+    if modality is None:
+        raise RegistrationError(
+            f"modality of {env_id!r} is required for a lazy entry point {entry_point!r}: pass "
+            "modality='text' or 'vision' (it is checked against the class when the task is built)")
     if modality not in ("text", "vision"):
         raise RegistrationError(f"modality of {env_id!r} must be 'text' or 'vision', got {modality!r}")
     if env_id in _TASKS and not override:
@@ -94,12 +199,14 @@ def register(
             f"task {env_id!r} is already registered (by {_TASKS[env_id].source}); bump the "
             "version (e.g. -v1) or pass override=True"
         )
-    spec = TaskSpec(env_id, entry_point, modality, description, dict(kwargs or {}), source)
+    spec = TaskSpec(env_id, entry_point, modality, description, dict(kwargs or {}), source,
+                    tuple(requires), install_hint)
     _TASKS[env_id] = spec
     if env_id in gym.registry:
         del gym.registry[env_id]
     # Turn limits are the task's own (max_turns), so no TimeLimit wrapper is added.
-    gym.register(id=env_id, entry_point=entry_point, kwargs=dict(spec.kwargs), disable_env_checker=False)
+    gym.register(id=env_id, entry_point=_Creator(env_id, entry_point), kwargs=dict(spec.kwargs),
+                 disable_env_checker=False)
     return spec
 
 
@@ -115,23 +222,26 @@ def task_spec(env_id: str) -> TaskSpec:
         ) from None
 
 
+def task_class(env_id: str) -> type:
+    """The class of a registered task, loaded without building an env: for the class methods
+    of the contract, e.g. ``task_class(env_id).turn_diagnostics(turns)``."""
+    spec = task_spec(env_id)
+    creator = _Creator(env_id, spec.entry_point)._load()
+    if not isinstance(creator, type):
+        raise TypeError(f"task {env_id!r} is registered with a factory function, not a class; build it and use "
+                        "type(env.unwrapped)")
+    return creator
+
+
 def registered_tasks() -> list[TaskSpec]:
     """All registered tasks, sorted by id."""
     return [_TASKS[k] for k in sorted(_TASKS)]
 
 
 def make(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make`` with helpful errors for unknown ids and unloadable entry points."""
-    spec = task_spec(env_id)
-    if isinstance(spec.entry_point, str):
-        try:
-            load_env_creator(spec.entry_point)
-        except (ImportError, AttributeError) as exc:
-            raise ImportError(
-                f"task {env_id!r} is registered (source {spec.source}) but its entry point "
-                f"{spec.entry_point!r} could not be loaded: {exc}. Is the package that provides it "
-                "installed and up to date?"
-            ) from exc
+    """``gymnasium.make`` with helpful errors for unknown ids, missing optional packages and
+    unloadable entry points (``gymnasium.make`` gives the same errors for the last two)."""
+    task_spec(env_id)
     return gym.make(env_id, **kwargs)
 
 

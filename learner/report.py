@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -85,67 +84,15 @@ def intervals_disjoint(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[1] < b[0] or b[1] < a[0]
 
 
-# -- the board-reading probe ------------------------------------------------------------------
-_BOARD_ROW = re.compile(r"^[SFHGP]( [SFHGP])+$")
-_ANSWER = re.compile(r"<answer>\s*([A-Za-z]+)\s*</answer>", re.IGNORECASE)
+# -- the task's own probe ---------------------------------------------------------------------
+def task_turn_diagnostics(env_id: str, records: Iterable[Any]) -> dict[str, float]:
+    """The task's probe over the turns of (evaluation) records: the env contract's
+    ``turn_diagnostics`` (FrozenLake: the safe-move rate where exactly one of Down/Right is a
+    hole, 0.5 = board-blind); empty for tasks without one."""
+    import envs
 
-
-def parse_board(text: str) -> list[list[str]] | None:
-    """The last FrozenLake board (rows of space-separated ``S F H G P``) in an observation."""
-    blocks: list[list[str]] = []
-    current: list[str] = []
-    for line in text.splitlines():
-        if _BOARD_ROW.match(line.strip()):
-            current.append(line.strip())
-        elif current:
-            blocks.append(current)
-            current = []
-    if current:
-        blocks.append(current)
-    if not blocks:
-        return None
-    rows = [r.split(" ") for r in blocks[-1]]
-    return rows if all(len(r) == len(rows[0]) for r in rows) else None
-
-
-def board_probe(records: Iterable[Any]) -> dict[str, float]:
-    """How often the policy takes the safe move where exactly one of Down/Right is a hole.
-
-    Scans every turn of (evaluation) records whose observation shows a FrozenLake board. On
-    states where both Down and Right stay on the board and exactly one of them leads into a
-    hole, it counts replies of Down or Right and the fraction that chose the safe one: 0.5 is
-    what a board-blind Down/Right habit scores (docs/design.md); other replies are counted apart.
-    """
-    safe = unsafe = other = 0
-    for rec in records:
-        for turn in rec.turns:
-            board = parse_board(turn.observation)
-            if board is None:
-                continue
-            where = [(r, c) for r, row in enumerate(board) for c, ch in enumerate(row) if ch == "P"]
-            if len(where) != 1:
-                continue
-            r, c = where[0]
-            if r + 1 >= len(board) or c + 1 >= len(board[0]):
-                continue
-            down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"
-            if down_hole == right_hole:
-                continue
-            m = _ANSWER.search(turn.reply or "")
-            word = m.group(1).lower() if m else ""
-            move = {"d": "down", "down": "down", "r": "right", "right": "right"}.get(word)
-            if move is None:
-                other += 1
-            elif (move == "down") != down_hole:
-                safe += 1
-            else:
-                unsafe += 1
-    n = safe + unsafe
-    return {
-        "probe_states": float(n + other),
-        "probe_down_right": float(n),
-        "probe_safe_rate": safe / n if n else float("nan"),
-    }
+    turns = [(t.observation, t.reply) for rec in records for t in rec.turns]
+    return envs.task_class(env_id).turn_diagnostics(turns)
 
 
 # -- curves.png -------------------------------------------------------------------------------

@@ -191,3 +191,112 @@ def test_tiles_are_distinct_per_cell_kind() -> None:
     for i in range(4):
         for j in range(i + 1, 4):
             assert not np.array_equal(kinds[i], kinds[j])
+
+
+# -- the safe-move probe as the env contract's turn_diagnostics -----------------------------------
+def _played_turns(size: int, episodes: int, feedback: bool, seed: int = 0) -> list[tuple[str, str]]:
+    """(observation, reply) of random play with replies in the forms a model writes."""
+    env = FrozenLakeEnv(size=size, feedback=feedback)
+    rng = np.random.default_rng(seed)
+    forms = ["<answer>{}</answer>", "<answer>{}</answer>", "I go <ANSWER> {} </ANSWER>", "<answer>{}</answer>",
+             "<answer>{}.</answer>", "no tag {}", "<answer>{}</answer>"]
+    turns = []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed * 1000 + ep)
+        done = False
+        while not done:
+            move = ACTIONS[int(rng.integers(4))]
+            word = move if rng.random() < 0.7 else move[0].lower()
+            reply = forms[int(rng.integers(len(forms)))].format(word)
+            turns.append((obs["text"], reply))
+            obs, _, term, trunc, _ = env.step(reply)
+            done = term or trunc
+    return turns
+
+def _reference_board_probe(records) -> dict[str, float]:
+    """The safe-move probe as first written for 4x4 evaluation records (regex over the text)."""
+    import re
+
+    row_re = re.compile(r"^[SFHGP]( [SFHGP])+$")
+    answer_re = re.compile(r"<answer>\s*([A-Za-z]+)\s*</answer>", re.IGNORECASE)
+    safe = unsafe = other = 0
+    for rec in records:
+        for turn in rec.turns:
+            blocks, current = [], []
+            for line in turn.observation.splitlines():
+                if row_re.match(line.strip()):
+                    current.append(line.strip())
+                elif current:
+                    blocks.append(current)
+                    current = []
+            if current:
+                blocks.append(current)
+            if not blocks:
+                continue
+            board = [r.split(" ") for r in blocks[-1]]
+            if any(len(r) != len(board[0]) for r in board):
+                continue
+            where = [(r, c) for r, row in enumerate(board) for c, ch in enumerate(row) if ch == "P"]
+            if len(where) != 1:
+                continue
+            r, c = where[0]
+            if r + 1 >= len(board) or c + 1 >= len(board[0]):
+                continue
+            down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"
+            if down_hole == right_hole:
+                continue
+            m = answer_re.search(turn.reply or "")
+            move = {"d": "down", "down": "down", "r": "right", "right": "right"}.get(m.group(1).lower() if m else "")
+            if move is None:
+                other += 1
+            elif (move == "down") != down_hole:
+                safe += 1
+            else:
+                unsafe += 1
+    n = safe + unsafe
+    return {"probe_states": float(n + other), "probe_down_right": float(n),
+            "probe_safe_rate": safe / n if n else float("nan")}
+
+
+@pytest.mark.parametrize(("size", "feedback"), [(4, False), (4, True), (8, False), (6, True)])
+def test_turn_diagnostics_give_the_numbers_of_the_reports_board_probe(size: int, feedback: bool) -> None:
+    from types import SimpleNamespace
+
+    turns = _played_turns(size, episodes=150, feedback=feedback, seed=size)
+    records = [SimpleNamespace(turns=[SimpleNamespace(observation=o, reply=r) for o, r in turns])]
+    ours, theirs = envs.task_class("freshper/FrozenLake-v0").turn_diagnostics(turns), _reference_board_probe(records)
+    assert set(ours) == {"probe_states", "probe_down_right", "probe_safe_rate"}
+    assert ours == pytest.approx(theirs, nan_ok=True)
+    assert ours["probe_down_right"] > 20  # the sample exercises the probe
+
+
+def test_turn_diagnostics_count_safe_unsafe_and_other_replies_on_any_board_shape() -> None:
+    # 3x5 board: P at (0,0), a hole below, ice to the right -> Right is safe.
+    desc = ["SFFFF", "HFHFF", "FFFFG"]
+    env = FrozenLakeEnv(desc=desc)
+    board = env.reset(seed=0)[0]["text"]
+    turns = [(board, "<answer>Right</answer>"), (board, "<answer>r</answer>"), (board, "<answer>Down</answer>"),
+             (board, "<answer>Up</answer>"), (board, "garbage"), ("no board here", "<answer>Right</answer>"),
+             (IMAGE_PLACEHOLDER, "<answer>Down</answer>")]
+    out = FrozenLakeEnv.turn_diagnostics(turns)
+    assert out == {"probe_states": 5.0, "probe_down_right": 3.0, "probe_safe_rate": pytest.approx(2 / 3)}
+    # The move counted is the one the env executes: the last answer tag.
+    assert FrozenLakeEnv.turn_diagnostics([(board, "<answer>Down</answer> no, <answer>Right</answer>")])[
+        "probe_safe_rate"] == 1.0
+    assert np.isnan(FrozenLakeEnv.turn_diagnostics([])["probe_safe_rate"])
+    assert FrozenLakeVisionEnv.turn_diagnostics(turns) == out  # a class method: the text decides
+
+
+def test_settings_that_almost_never_give_a_solvable_map_are_rejected_not_looped_on() -> None:
+    import time
+
+    from envs.frozenlake import MapGenerationError
+
+    start = time.perf_counter()
+    with pytest.raises(MapGenerationError, match="size=8, p=0.05 almost never give a solvable map.*raise p"):
+        gym.make("freshper/FrozenLake-v0", p=0.05, size=8).reset(seed=0)
+    assert time.perf_counter() - start < 5
+    with pytest.raises(MapGenerationError, match="in 10 draws"):  # the redraw itself is bounded too
+        random_map(np.random.default_rng(0), 8, 0.05, max_draws=10)
+    env = gym.make("freshper/FrozenLake-v0", p=0.35, size=8)  # rare but drawable: accepted, and resets
+    assert env.reset(seed=0)[0]["text"]

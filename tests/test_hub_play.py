@@ -85,3 +85,19 @@ def test_reply_wrapping_and_kwargs_parsing() -> None:
     assert wrap_reply("<search>who</search>") == "<search>who</search>"
     assert parse_kwargs(["size=8", "is_slippery=true", "preset=hard", "desc=['SF','FG']"]) == {
         "size": 8, "is_slippery": True, "preset": "hard", "desc": ["SF", "FG"]}
+
+
+import envs  # noqa: E402
+
+_ALL = [pytest.param(s.id, id=s.id, marks=pytest.mark.skipif(not s.available, reason=s.missing_message()))
+        for s in envs.registered_tasks()]
+
+
+@pytest.mark.usefixtures("search_cache")
+@pytest.mark.parametrize("env_id", _ALL)
+def test_every_task_plays_its_random_agent_to_the_end(env_id: str) -> None:
+    out = io.StringIO()
+    summary = play(env_id, seed=0, random_agent=True, auto=True, stdin=io.StringIO(""), stdout=out)
+    assert not summary.quit_early and summary.invalid_replies == 0 and summary.turns >= 1
+    assert out.getvalue().count("player> ") == summary.turns and "Summary:" in out.getvalue()
+    assert main([env_id, "--random", "--seed", "1"]) == 0  # the command line: python -m envs.play ID --random

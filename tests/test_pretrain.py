@@ -13,7 +13,9 @@ import envs
 from agents.record import Sample, Trajectory, Turn, assign_step_advantages, load_records, save_records
 from learner.pretrain import PretrainConfig, TransitionStreams, has_random_replies, pretrain, pretrained_default
 
-TASKS = [s.id for s in envs.registered_tasks() if s.source == "freshper"]
+# Tasks whose optional package (reasoning-gym, gem-llm) is not installed are skipped, with the hint.
+TASKS = [pytest.param(s.id, id=s.id, marks=pytest.mark.skipif(not s.available, reason=s.missing_message()))
+         for s in envs.registered_tasks() if s.source == "freshper"]
 
 
 @pytest.mark.parametrize("env_id", TASKS)

@@ -154,4 +154,90 @@ def test_installed_plugin_package_registers_its_task(installed_plugin: Path) -> 
     played = _run(["-c", script], pythonpath=[str(installed_plugin)])
     assert played.returncode == 0, played.stderr
     assert played.stdout.strip() == "(1.0, True) 4 []"
+    checked = _run(["-c", "import envs, gymnasium as gym\n"
+                          "from gymnasium.utils.env_checker import check_env\n"
+                          "check_env(gym.make('demoplugin/GuessDigit-v0', render_mode='ansi').unwrapped)\n"
+                          "print('checked')"], pythonpath=[str(installed_plugin)])
+    assert checked.returncode == 0 and checked.stdout.strip() == "checked", checked.stderr
     assert "demoplugin" not in _run(["-m", "envs", "list"]).stdout  # nothing leaked into the venv
+
+
+# -- one source for the modality; render modes a task implements -------------------------------
+def _plugin_class():
+    sys.path.insert(0, str(PLUGIN_SRC))
+    try:
+        from freshper_demo_plugin import GuessDigitEnv
+    finally:
+        sys.path.remove(str(PLUGIN_SRC))
+    return GuessDigitEnv
+
+
+def test_the_readme_plugin_passes_gymnasiums_checker_through_make(scratch_registry) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    cls = _plugin_class()
+    assert cls.metadata["render_modes"] == ["ansi"]  # a text task that draws nothing
+    envs.register("testns/GuessDigit-v0", cls, description="the README's plugin", kwargs={"max_turns": 4})
+    assert envs.task_spec("testns/GuessDigit-v0").modality == "text"  # taken from the class
+    env = envs.make("testns/GuessDigit-v0", render_mode="ansi")
+    check_env(env.unwrapped)  # renders every listed mode through the spec: 'ansi' only
+    with pytest.warns(UserWarning, match="not in the possible render_modes"), \
+            pytest.raises(ValueError, match="render_mode must be one of \\['ansi'\\]"):
+        envs.make("testns/GuessDigit-v0", render_mode="rgb_array")
+
+
+def test_render_modes_are_the_ones_a_class_implements() -> None:
+    from envs.frozenlake import FrozenLakeEnv, FrozenLakeVisionEnv
+    from envs.search import SearchQAEnv
+    from envs.sokoban import SokobanEnv
+
+    assert FrozenLakeEnv.metadata["render_modes"] == ["ansi", "rgb_array"]  # it draws its board
+    assert FrozenLakeVisionEnv.metadata["render_modes"] == ["ansi", "rgb_array"]
+    assert SokobanEnv.metadata["render_modes"] == ["ansi", "rgb_array"]
+    assert SearchQAEnv.metadata["render_modes"] == ["ansi"]
+    base = _plugin_class().__mro__[1]
+    with pytest.raises(TypeError, match="lists render mode 'rgb_array' but the class does not implement render_image"):
+        type("Liar", (base,), {"metadata": {"render_modes": ["ansi", "rgb_array"]}})
+    with pytest.raises(TypeError, match="vision task but does not implement render_image"):
+        type("Blind", (base,), {"modality": "vision"})
+
+
+def test_registered_modality_must_agree_with_the_class(scratch_registry) -> None:
+    cls = _plugin_class()
+    with pytest.raises(envs.RegistrationError, match="declares modality='text'"):
+        envs.register("testns/Wrong-v0", cls, modality="vision")
+    with pytest.raises(envs.RegistrationError, match="modality of 'testns/Lazy-v0' is required"):
+        envs.register("testns/Lazy-v0", "envs.frozenlake:FrozenLakeEnv")
+    # A lazy entry point promising the wrong modality is caught when built, by either make.
+    envs.register("testns/Lazy-v0", "envs.frozenlake:FrozenLakeEnv", modality="vision")
+    for make in (envs.make, gym.make):
+        with pytest.raises(envs.RegistrationError, match="registered with modality='vision' but its class "
+                                                         "FrozenLakeEnv declares modality='text'"):
+            make("testns/Lazy-v0")
+
+
+def test_a_task_whose_package_is_missing_is_listed_with_the_install_hint(scratch_registry) -> None:
+    envs.register("testns/NeedsPkg-v0", "envs.frozenlake:FrozenLakeEnv", modality="text",
+                  description="needs a package", requires=("no_such_package_xyz",),
+                  install_hint="pip install no-such-package")
+    spec = envs.task_spec("testns/NeedsPkg-v0")
+    assert not spec.available and spec.missing() == ["no_such_package_xyz"]
+    out = io.StringIO()
+    list_tasks(out)
+    line = next(l for l in out.getvalue().splitlines() if l.startswith("testns/NeedsPkg-v0"))
+    assert "not installed: pip install no-such-package" in line
+    for make in (envs.make, gym.make):
+        with pytest.raises(ImportError, match="needs the Python package\\(s\\) no_such_package_xyz.*pip install no-such-package"):
+            make("testns/NeedsPkg-v0")
+
+
+def test_the_readmes_task_table_lists_every_registered_task() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("| id | modality | what |"):readme.index("Every task is a `gymnasium.Env`")]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    for spec in envs.registered_tasks():
+        if spec.source != "freshper":
+            continue
+        row = next((r for r in rows if f"`{spec.id}`" in r), None)
+        assert row is not None, f"{spec.id} is missing from the README's task table"
+        assert spec.modality in row or (spec.modality == "vision" and "image" in row)

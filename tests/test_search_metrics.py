@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import string
 import time
 
 import pytest
@@ -17,7 +19,7 @@ from envs.search.metrics import exact_match, f1_score, normalize_answer
         ("  a   Quick\tbrown  fox. ", "quick brown fox"),
         ("An apple, the pear", "apple pear"),
         ("U.S.A.", "usa"),
-        ("«Zürich»", "zürich"),
+        ("«Zürich»", "«zürich»"),  # the published (ASCII) normalisation keeps typographic quotes
         (".", ""),
         ("the", ""),
     ],
@@ -59,3 +61,46 @@ def test_first_action_is_fast_on_a_megabyte_of_unclosed_tags() -> None:
     assert first_action(reply) is None
     assert first_action(reply + "</answer>") is not None
     assert time.perf_counter() - start < 0.5
+
+
+# Search-R1's evaluation normalisation (its reward function's normalize_answer), written out so
+# the default is checked against the published metric itself.
+def _search_r1_normalize(s: str) -> str:
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def _search_r1_em(prediction: str, golden_answers: list[str]) -> float:
+    normalized_prediction = _search_r1_normalize(prediction)
+    return float(any(_search_r1_normalize(g) == normalized_prediction for g in golden_answers))
+
+
+CASES = ["\u201cParis\u201d", "Paris", "The Eiffel Tower!", "«Zürich»", "U.S.A.", "it\u2019s", "Ça va—oui",
+         "  a   Quick\tbrown  fox. ", "Jean-Paul Sartre", "¿Qué?", "New York City (NYC)", "1,000,000", "$5"]
+
+
+@pytest.mark.parametrize("text", CASES)
+def test_default_normalisation_is_search_r1s_published_one(text: str) -> None:
+    assert normalize_answer(text) == _search_r1_normalize(text)
+    assert exact_match(text, ["Paris", "Zurich", "its", "usa"]) == _search_r1_em(text, ["Paris", "Zurich", "its", "usa"])
+
+
+def test_the_unicode_normalisation_is_the_lenient_option() -> None:
+    assert exact_match("\u201cParis\u201d", ["Paris"]) == 0.0  # as published
+    assert exact_match("\u201cParis\u201d", ["Paris"], normalization="unicode") == 1.0
+    assert normalize_answer("«Zürich»", "unicode") == "zürich"
+    assert f1_score("\u201cParis\u201d France", ["Paris"], normalization="unicode") == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        normalize_answer("x", "ascii")

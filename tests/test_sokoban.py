@@ -330,3 +330,124 @@ def test_bad_configuration_errors():
         SokobanEnv(max_turns=5, max_solution_moves=8)
     with pytest.raises(ValueError, match="not both"):
         SokobanEnv(level="#####\n#@$.#\n#####", levels_file="x.xsb")
+
+
+# -- Boxoban / XSB collections: turn limits, labels, bad input -----------------------------------
+# Two levels in the layout of the Boxoban files (10x10, four boxes, numbered "; N" from 0).
+BOXOBAN = """; 0
+
+##########
+#######  #
+####   $ #
+##     . #
+## # ##$ #
+#.  .$ @##
+### $  .##
+###    ###
+##########
+##########
+
+; 1
+
+##########
+###    ###
+###  $   #
+#   .$.  #
+#  ##*#  #
+#  @ .   #
+#    $   #
+##########
+##########
+##########
+"""
+
+
+def test_boxoban_levels_get_at_least_120_turns_and_keep_their_numbers(tmp_path):
+    from envs.sokoban.env import loaded_level_turns
+
+    path = tmp_path / "boxoban.txt"
+    path.write_text(BOXOBAN)
+    env = gymnasium.make("freshper/Sokoban-v0", levels_file=str(path))
+    obs, info = env.reset(options={"level_index": 1})
+    inner = env.unwrapped
+    assert info["level_label"] == "1" and info["level_index"] == 1
+    assert inner.max_turns == loaded_level_turns(inner.level) >= 120 and "You have" in obs["text"]
+    assert env.reset(options={"level_index": 0})[1]["level_label"] == "0"
+    for turn in range(119):  # a 108-move solution fits: no truncation before turn 120
+        _, _, terminated, truncated, _ = env.step("<answer>Up</answer>")
+        assert not truncated, f"cut short at turn {turn + 1}"
+    explicit = SokobanEnv(levels_file=str(path), max_turns=30)
+    explicit.reset(seed=0)
+    assert explicit.max_turns == 30
+    single = SokobanEnv(level=BOXOBAN.split("; 1")[0].split("; 0")[1])
+    single.reset(seed=0)
+    assert single.max_turns >= 120
+
+
+def test_a_malformed_level_is_named_by_its_header(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text(BOXOBAN.replace("#  @ .   #", "#    .   #"))  # level "; 1" loses its player
+    with pytest.raises(LevelError, match=r"bad.txt: level 1: a level needs exactly one player"):
+        SokobanEnv(levels_file=str(path))
+    plain = tmp_path / "plain.xsb"
+    plain.write_text("#####\n#@$.#\n#####\n\n#####\n#@$ #\n#####\n")  # no headers: counted from 1
+    with pytest.raises(LevelError, match=r"plain.xsb: level 2: .*as many goals as boxes"):
+        SokobanEnv(levels_file=str(plain))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(preset="hard", level="#####\n#@$.#\n#####"), "preset, size and num_boxes describe generated rooms"),
+        (dict(num_boxes=-1), "num_boxes must be an integer >= 1, got -1"),
+        (dict(num_boxes=0), "num_boxes must be an integer >= 1"),
+        (dict(tile_size=-5), "tile_size must be an integer number of pixels >= 4, got -5"),
+        (dict(size=3), "size must be an integer >= 4"),
+        (dict(size=6, num_boxes=30), "30 boxes do not fit a 6x6 room"),
+        (dict(max_turns=0), "max_turns must be an integer >= 1"),
+    ],
+)
+def test_bad_settings_are_clear_errors_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        gymnasium.make("freshper/Sokoban-v0", **kwargs)
+
+
+def test_a_binary_or_missing_levels_file_is_a_clear_error(tmp_path):
+    binary = tmp_path / "levels.xsb"
+    binary.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(LevelError, match="is not a text file"):
+        SokobanEnv(levels_file=str(binary))
+    latin = tmp_path / "latin.xsb"
+    latin.write_bytes("; Niveau à\n#####\n#@$.#\n#####\n".encode("latin-1"))
+    with pytest.raises(LevelError, match=r"is not UTF-8 text \(byte 9"):
+        SokobanEnv(levels_file=str(latin))
+    with pytest.raises(LevelError, match="does not exist"):
+        SokobanEnv(levels_file=str(tmp_path / "nowhere.xsb"))
+    empty = tmp_path / "empty.xsb"
+    empty.write_text("; only comments\nTitle: none\n")
+    with pytest.raises(LevelError, match="no XSB level found"):
+        SokobanEnv(levels_file=str(empty))
+
+
+def test_a_large_collection_opens_fast_and_skips_a_malformed_level(tmp_path):
+    import time
+
+    good = BOXOBAN.split("; 1")[0].split("; 0")[1].strip("\n")
+    broken = good.replace("@", " ")
+    path = tmp_path / "large.txt"
+    with path.open("w") as f:  # ~20 MB, ~170k levels (100 MB took > 200 s and 4 GB when parsed eagerly)
+        for n in range(170_000):
+            f.write(f"; {n}\n\n{broken if n == 7 else good}\n\n")
+    start = time.perf_counter()
+    env = SokobanEnv(levels_file=str(path))
+    assert time.perf_counter() - start < 15
+    assert len(env._levels) == 170_000 and env.image_shape == (10 * 28, 10 * 28, 3)
+    start = time.perf_counter()
+    others = [SokobanEnv(levels_file=str(path)) for _ in range(16)]  # a runner's batch of envs
+    assert all(o._levels is env._levels for o in others) and time.perf_counter() - start < 1
+    with pytest.raises(LevelError, match="large.txt: level 7: a level needs exactly one player"):
+        env.reset(options={"level_index": 7})
+    drawn = env._draw_level(7)
+    assert drawn[0] == 8  # a seeded draw landing on the broken level takes the next good one
+    _, info = env.reset(seed=1)
+    assert info["level_label"] == str(info["level_index"])

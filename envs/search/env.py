@@ -5,7 +5,8 @@ Each reply may reason freely and must contain one action tag:
 - ``<search>query</search>``: the next observation holds the top-k passages, numbered, inside
   ``<information>...</information>`` (each passage cut to ``passage_chars`` characters);
 - ``<answer>text</answer>``: the episode ends (``terminated``); the reward is exact match
-  (:mod:`envs.search.metrics`), ``info["em"]`` and ``info["f1"]`` report both scores.
+  (:mod:`envs.search.metrics`; ``em_normalization="search-r1"``, the published metric, by
+  default, or ``"unicode"``), ``info["em"]`` and ``info["f1"]`` report both scores.
 
 Parsing rules: tags are case-insensitive; if a reply holds several complete tags, the one that
 *closes first* counts (Search-R1 stops generating at ``</search>``, so text after it is
@@ -29,8 +30,16 @@ import numpy as np
 
 from envs.base import MultiTurnEnv
 from envs.search.data import Question, load_questions
-from envs.search.metrics import exact_match, f1_score
-from envs.search.retriever import BM25Retriever, CachedRetriever, HTTPRetriever, Passage, RetrievalError, Retriever
+from envs.search.metrics import DEFAULT_NORMALIZATION, check_normalization, exact_match, f1_score
+from envs.search.retriever import (
+    BM25Retriever,
+    CachedRetriever,
+    HTTPRetriever,
+    Passage,
+    RetrievalError,
+    Retriever,
+    check_client_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +77,18 @@ def shared_retriever(corpus: str | Path | None = None, retrieval_url: str | None
     Sharing means 64 envs build one BM25 index, and :func:`batch_search` can send their
     queries in one call.
     """
+    if not retrieval_url and corpus is None:  # the default corpus of the current cache root
+        from envs.search.kb import default_paths
+
+        corpus = default_paths()["corpus"]
     key = ((f"url {retrieval_url} {timeout} {retries} {backoff}") if retrieval_url
-           else f"corpus {Path(corpus).resolve() if corpus else ''}")
+           else f"corpus {Path(corpus).resolve()}")  # type: ignore[arg-type]
     with _SHARED_LOCK:
         if key not in _SHARED:
             if retrieval_url:
                 inner: Retriever = HTTPRetriever(retrieval_url, timeout=timeout, retries=retries, backoff=backoff)
             else:
-                if corpus is None:
-                    from envs.search.kb import default_paths
-
-                    corpus = default_paths()["corpus"]
-                inner = BM25Retriever(corpus)
+                inner = BM25Retriever(corpus)  # type: ignore[arg-type]
             _SHARED[key] = CachedRetriever(inner)
         return _SHARED[key]
 
@@ -106,14 +115,20 @@ class SearchQAEnv(MultiTurnEnv):
         on_retrieval_error: str = "fail",
         retrieval_timeout: float = 10.0,
         retrieval_retries: int = 3,
+        em_normalization: str = DEFAULT_NORMALIZATION,
+        max_title_chars: int = 200,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, format_penalty=format_penalty, render_mode=render_mode)
         if on_retrieval_error not in ("fail", "raise"):
             raise ValueError(f"on_retrieval_error must be 'fail' or 'raise', got {on_retrieval_error!r}")
-        if topk < 1 or max_searches < 0 or passage_chars < 1 or max_query_chars < 1:
-            raise ValueError("topk, passage_chars and max_query_chars must be >= 1 and max_searches >= 0")
+        if topk < 1 or max_searches < 0 or passage_chars < 1 or max_query_chars < 1 or max_title_chars < 1:
+            raise ValueError("topk, passage_chars, max_query_chars and max_title_chars must be >= 1 and "
+                             "max_searches >= 0")
+        check_client_settings(retrieval_timeout, retrieval_retries, 0.5)
+        self.em_normalization = check_normalization(em_normalization)
+        self.max_title_chars = int(max_title_chars)
         if questions is None:
             if split not in ("train", "test"):
                 raise ValueError(f"split must be 'train' or 'test' for the default questions, got {split!r}")
@@ -179,7 +194,8 @@ class SearchQAEnv(MultiTurnEnv):
         tag, content = action
         if tag == "answer":
             golds = self.question.golden_answers
-            self.answer, self.em, self.f1 = content, exact_match(content, golds), f1_score(content, golds)
+            norm = self.em_normalization
+            self.answer, self.em, self.f1 = content, exact_match(content, golds, norm), f1_score(content, golds, norm)
             self.transcript.append(f"answer: {content} -> {'correct' if self.em else 'wrong'}")
             verdict = "correct" if self.em else "not correct"
             return self.em, f"Your answer {content!r} is {verdict}.", True, bool(self.em)
@@ -197,9 +213,11 @@ class SearchQAEnv(MultiTurnEnv):
             self.transcript.append(f"search: {content} -> retrieval failed")
             return 0.0, "The search service is unavailable; the episode is aborted.", True, False
         self.searches += 1
-        self.transcript.append(f"search: {content} -> " + ", ".join(p.title for p in passages))
+        passages = passages[: self.topk]
+        titles = [p.title[: self.max_title_chars] for p in passages]
+        self.transcript.append(f"search: {content} -> " + ", ".join(titles))
         block = self.format_passages(passages)
-        self._last_titles = [p.title for p in passages]
+        self._last_titles = titles
         self._seen_text.extend(p.text[: self.passage_chars] for p in passages)
         return 0.0, block, False, False
 
@@ -252,13 +270,15 @@ class SearchQAEnv(MultiTurnEnv):
 
     # -- retrieval ---------------------------------------------------------------------------
     def format_passages(self, passages: list[Passage]) -> str:
-        """The ``<information>`` block: numbered passages, title then text cut to ``passage_chars``."""
+        """The ``<information>`` block: the first ``topk`` passages numbered, title (cut to
+        ``max_title_chars``) then text cut to ``passage_chars``, whatever the retriever sent."""
         if not passages:
             return "<information>\nNo passages found.\n</information>"
         lines = []
-        for n, p in enumerate(passages, 1):
+        for n, p in enumerate(passages[: self.topk], 1):
             text = p.text if len(p.text) <= self.passage_chars else p.text[: self.passage_chars].rstrip() + "..."
-            lines.append(f"Doc {n} (Title: {p.title}) {text}")
+            title = p.title if len(p.title) <= self.max_title_chars else p.title[: self.max_title_chars].rstrip() + "..."
+            lines.append(f"Doc {n} (Title: {title}) {text}")
         return "<information>\n" + "\n".join(lines) + "\n</information>"
 
     @classmethod

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -120,10 +121,8 @@ class BM25Retriever:
         self.key = digest.hexdigest()[:24]
         root = Path(cache_dir) if cache_dir is not None else cache_dir_default()
         path = root / self.key
-        if (path / "params.index.json").exists():
-            self._bm25 = bm25s.BM25.load(str(path), show_progress=False)
-            logger.debug("loaded BM25 index %s", path)
-        else:
+        self._bm25 = self._load(path) if (path / "params.index.json").exists() else None
+        if self._bm25 is None:
             start = time.perf_counter()
             self._bm25 = bm25s.BM25(k1=k1, b=b)
             self._bm25.index([tokenize(p.contents) for p in self.passages], show_progress=False)
@@ -131,6 +130,31 @@ class BM25Retriever:
             logger.info("built BM25 index of %d passages in %.1fs (cached in %s)",
                         len(self.passages), time.perf_counter() - start, path)
         self._vocab: dict[str, int] = self._bm25.vocab_dict
+
+    def _load(self, path: Path) -> Any:
+        """The cached index, or None when it cannot be used (then it is rebuilt and replaced).
+
+        A cache can be damaged (a disk filled up, a file truncated by hand, a copy cut short);
+        a damaged one must not make the corpus unusable, so any failure to load it, or an index
+        whose document count or vocabulary does not fit the corpus, means: rebuild.
+        """
+        import bm25s
+
+        try:
+            index = bm25s.BM25.load(str(path), show_progress=False)
+            num_docs = int(index.scores["num_docs"])
+            vocab = index.vocab_dict
+            if num_docs != len(self.passages) or not isinstance(vocab, dict) or \
+                    len(index.scores["indptr"]) != len(vocab) + 1:
+                raise ValueError(f"it holds {num_docs} documents and {len(vocab)} terms for a corpus of "
+                                 f"{len(self.passages)} passages")
+            logger.debug("loaded BM25 index %s", path)
+            return index
+        except Exception as err:  # any damage: rebuild rather than fail
+            logger.warning("the cached BM25 index in %s is damaged (%s: %s); rebuilding it",
+                           path, type(err).__name__, str(err)[:200])
+            shutil.rmtree(path, ignore_errors=True)
+            return None
 
     def _save(self, path: Path) -> None:
         """Write the index atomically; a concurrent writer of the same key simply wins."""
@@ -173,24 +197,40 @@ class HTTPRetriever:
     ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}``. Connection
     errors, timeouts, 429 and 5xx are retried ``retries`` times with exponential backoff;
     then, or at once on another 4xx or a malformed answer, :class:`RetrievalError` is raised.
+
+    Limits, so that no answer can stall or flood a trainer (docs/reliability.md):
+
+    - ``timeout`` is a *deadline* for each attempt, from sending to the last byte of the answer
+      (not a per-read timeout, which a server trickling a byte every few seconds never trips):
+      an attempt past it is abandoned and counts as a timeout. One ``search`` call therefore
+      takes at most ``(retries + 1) * timeout`` plus the backoff pauses.
+    - an answer larger than ``max_response_bytes`` is refused (malformed, not retried);
+    - each query keeps its first ``topk`` passages; titles are cut to ``max_title_chars`` and
+      texts to ``max_text_chars``;
+    - JSON nested too deeply to parse is a malformed answer, like any other.
     """
 
     def __init__(self, url: str, *, timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
-                 client: Any = None) -> None:
+                 client: Any = None, max_response_bytes: int = 16 << 20, max_title_chars: int = 256,
+                 max_text_chars: int = 10_000) -> None:
         import httpx
 
+        check_client_settings(timeout, retries, backoff)
+        if min(max_response_bytes, max_title_chars, max_text_chars) < 1:
+            raise ValueError("max_response_bytes, max_title_chars and max_text_chars must be >= 1")
         url = url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
+        self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
+        self.max_response_bytes = int(max_response_bytes)
+        self.max_title_chars, self.max_text_chars = int(max_title_chars), int(max_text_chars)
         self._client = client or httpx.Client(timeout=timeout)
 
     def close(self) -> None:
         self._client.close()
 
     def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
-        import httpx
-
         if not queries:
             return []
         payload = {"queries": list(queries), "topk": int(topk), "return_scores": True}
@@ -198,33 +238,118 @@ class HTTPRetriever:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                response = self._client.post(self.url, json=payload)
-            except httpx.HTTPError as err:  # connect/read errors and timeouts
-                last = f"{type(err).__name__}: {err}"
+            outcome = self._attempt(payload)
+            if isinstance(outcome, RetrievalError):
+                raise outcome
+            if isinstance(outcome, _Retry):
+                last = outcome.reason
                 logger.warning("retrieval attempt %d/%d to %s failed: %s", attempt + 1, self.retries + 1, self.url, last)
                 continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
-                logger.warning("retrieval attempt %d/%d to %s failed: %s", attempt + 1, self.retries + 1, self.url, last)
-                continue
-            if response.status_code != 200:
+            status, body = outcome
+            if status != 200:
                 raise RetrievalError(f"retrieval service {self.url} rejected the request: "
-                                     f"HTTP {response.status_code}: {response.text[:500]}")
-            return self._parse(response, len(queries))
+                                     f"HTTP {status}: {_preview(body, 500)}")
+            return self._parse(body, len(queries), int(topk))
         raise RetrievalError(f"retrieval service {self.url} failed after {self.retries + 1} attempts; last error: {last}")
 
-    def _parse(self, response: Any, n: int) -> list[list[Passage]]:
+    def _attempt(self, payload: dict[str, Any]) -> tuple[int, bytes] | _Retry | RetrievalError:
+        """One request under the deadline: ``(status, body)``, or why it should be retried.
+
+        The request runs in a helper thread so that the caller returns at the deadline whatever
+        the server does; the helper stops reading at its next chunk (or its read timeout) and
+        closes the connection.
+        """
+        box: dict[str, Any] = {}
+        cancelled = threading.Event()
+        worker = threading.Thread(target=self._request, args=(payload, box, cancelled), daemon=True,
+                                  name="freshper-retrieval")
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            cancelled.set()
+            return _Retry(f"no complete answer within the {self.timeout:g} s deadline")
+        if "error" in box:
+            return box["error"]
+        return box["status"], box["body"]
+
+    def _request(self, payload: dict[str, Any], box: dict[str, Any], cancelled: threading.Event) -> None:
+        import httpx
+
         try:
-            result = response.json()["result"]
+            with self._client.stream("POST", self.url, json=payload) as response:
+                status = response.status_code
+                length = response.headers.get("content-length")
+                if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
+                    box["error"] = RetrievalError(
+                        f"retrieval service {self.url} announced an answer of {int(length)} bytes, more than "
+                        f"max_response_bytes={self.max_response_bytes}; answer refused")
+                    return
+                chunks, size = [], 0
+                for chunk in response.iter_bytes():
+                    if cancelled.is_set():
+                        return
+                    size += len(chunk)
+                    if size > self.max_response_bytes:
+                        box["error"] = RetrievalError(
+                            f"retrieval service {self.url} sent more than max_response_bytes="
+                            f"{self.max_response_bytes} bytes; answer refused")
+                        return
+                    chunks.append(chunk)
+            body = b"".join(chunks)
+            if status == 429 or status >= 500:
+                box["error"] = _Retry(f"HTTP {status}: {_preview(body, 200)}")
+            else:
+                box["status"], box["body"] = status, body
+        except httpx.HTTPError as err:  # connect/read errors and timeouts
+            box["error"] = _Retry(f"{type(err).__name__}: {err}")
+        except Exception as err:  # never let the helper thread die silently
+            box["error"] = _Retry(f"{type(err).__name__}: {err}")
+
+    def _parse(self, body: bytes, n: int, topk: int) -> list[list[Passage]]:
+        try:
+            result = json.loads(body.decode("utf-8"))["result"]
             if not isinstance(result, list) or len(result) != n:
                 raise ValueError(f"expected {n} result lists")
-            return [[Passage.from_document(item["document"], item.get("score", 0.0))
-                     if "document" in item else Passage.from_document(item)
-                     for item in hits] for hits in result]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise RetrievalError(f"retrieval service {self.url} sent a malformed answer ({err}): "
-                                 f"{response.text[:300]}") from None
+            out = []
+            for hits in result:
+                if not isinstance(hits, list):
+                    raise ValueError("each result must be a list of documents")
+                passages = []
+                for item in hits[:topk]:  # a service may send more than asked: keep the top k
+                    if not isinstance(item, dict):
+                        raise ValueError(f"a document must be an object, got {type(item).__name__}")
+                    doc = item["document"] if "document" in item else item
+                    if not isinstance(doc, dict):
+                        raise ValueError(f"a document must be an object, got {type(doc).__name__}")
+                    p = Passage.from_document(doc, item.get("score", 0.0) if "document" in item else 0.0)
+                    passages.append(Passage(p.id[:self.max_title_chars], p.title[:self.max_title_chars],
+                                            p.text[:self.max_text_chars], p.score))
+                out.append(passages)
+            return out
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError) as err:
+            raise RetrievalError(f"retrieval service {self.url} sent a malformed answer "
+                                 f"({type(err).__name__}: {str(err)[:200]}): {_preview(body, 300)}") from None
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """An attempt that failed in a way worth retrying (connection, timeout, 429, 5xx)."""
+
+    reason: str
+
+
+def _preview(body: bytes, n: int) -> str:
+    return body[:n].decode("utf-8", errors="replace")
+
+
+def check_client_settings(timeout: float, retries: int, backoff: float) -> None:
+    """Reject retrieval client settings that would make no attempt or fail every one."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"retrieval timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retrieval retries must be an integer >= 0 (0: one attempt), got {retries!r}")
+    if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not (backoff >= 0 and math.isfinite(backoff)):
+        raise ValueError(f"retrieval backoff must be a number of seconds >= 0, got {backoff!r}")
 
 
 class CachedRetriever:

@@ -6,8 +6,11 @@
 Endpoints: ``POST /retrieve`` with ``{"queries": [str, ...], "topk": int, "return_scores": bool}``
 answers ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` (plain documents
 when ``return_scores`` is false, as Search-R1's server does); ``GET /health`` answers
-``{"status": "ok", "passages": N}``. Bad requests get a 4xx and ``{"error": "..."}``: 411 no
-length, 413 body too large, 400 malformed JSON or wrong types, 404 unknown path. SIGTERM and
+``{"status": "ok", "passages": N}``. As Search-R1's own server does, an empty ``queries`` list
+answers ``{"result": []}`` (its trainer sends one on turns where no rollout searches) and a
+missing, null or 0 ``topk`` means the server's default. Bad requests get a 4xx and
+``{"error": "..."}``: 411 no length, 413 body too large, 400 malformed JSON (nesting too deep
+included) or wrong types, 408 a client that stalls mid-body, 404 unknown path. SIGTERM and
 SIGINT stop it cleanly: it stops accepting connections, closes its socket and exits with 0.
 """
 
@@ -17,6 +20,7 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -40,6 +44,18 @@ class Limits:
     default_topk: int = 3
     #: A too-large body up to this size is read and discarded so the client sees the 413.
     max_drain_bytes: int = 16 << 20
+    #: Seconds a client may stall mid-request before it gets a 408 and its socket is closed.
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_topk:
+            raise ValueError(f"max_topk must be >= 1, got {self.max_topk}")
+        if not 1 <= self.default_topk <= self.max_topk:
+            raise ValueError(f"the default topk must be from 1 to {self.max_topk} (max_topk), got {self.default_topk}")
+        if min(self.max_body_bytes, self.max_queries, self.max_query_chars) < 1:
+            raise ValueError("max_body_bytes, max_queries and max_query_chars must be >= 1")
+        if not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
 
 
 class BadRequest(Exception):
@@ -55,13 +71,13 @@ def validate(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
     queries = body.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise BadRequest(400, "'queries' must be a list of strings")
-    if not 1 <= len(queries) <= limits.max_queries:
-        raise BadRequest(400, f"'queries' must hold 1 to {limits.max_queries} queries, got {len(queries)}")
+    if len(queries) > limits.max_queries:
+        raise BadRequest(400, f"'queries' must hold at most {limits.max_queries} queries, got {len(queries)}")
     too_long = next((i for i, q in enumerate(queries) if len(q) > limits.max_query_chars), None)
     if too_long is not None:
         raise BadRequest(400, f"query {too_long} is longer than {limits.max_query_chars} characters")
     topk = body.get("topk")
-    topk = limits.default_topk if topk is None else topk
+    topk = limits.default_topk if topk is None or (topk == 0 and not isinstance(topk, bool)) else topk
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= limits.max_topk:
         raise BadRequest(400, f"'topk' must be an integer from 1 to {limits.max_topk}, got {topk!r}")
     return_scores = body.get("return_scores", False)
@@ -76,7 +92,11 @@ class RetrievalHandler(BaseHTTPRequestHandler):
     server: RetrievalServer
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # else keep-alive replies wait ~40 ms on delayed ACKs
-    timeout = 30  # seconds a client may stall mid-request before its socket is closed
+    timeout = 30  # seconds a client may stall mid-request (the server's Limits.request_timeout)
+
+    def setup(self) -> None:
+        self.timeout = self.server.limits.request_timeout
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         logger.debug("%s - %s", self.address_string(), format % args)
@@ -110,17 +130,25 @@ class RetrievalHandler(BaseHTTPRequestHandler):
         except ValueError:
             self.close_connection = True
             raise BadRequest(400, f"invalid Content-Length {length_header!r}") from None
-        if length > limits.max_body_bytes:
+        try:
+            if length > limits.max_body_bytes:
+                self.close_connection = True
+                if length <= limits.max_drain_bytes:  # read it away, so the client gets our 413
+                    remaining = length
+                    while remaining > 0:
+                        chunk = self.rfile.read(min(remaining, 1 << 16))
+                        if not chunk:
+                            break
+                        remaining -= len(chunk)
+                raise BadRequest(413, f"body of {length} bytes exceeds the limit of {limits.max_body_bytes}")
+            body = self.rfile.read(length)
+        except (socket.timeout, TimeoutError):
             self.close_connection = True
-            if length <= limits.max_drain_bytes:  # read it away, so the client gets our 413
-                remaining = length
-                while remaining > 0:
-                    chunk = self.rfile.read(min(remaining, 1 << 16))
-                    if not chunk:
-                        break
-                    remaining -= len(chunk)
-            raise BadRequest(413, f"body of {length} bytes exceeds the limit of {limits.max_body_bytes}")
-        return self.rfile.read(length)
+            raise BadRequest(408, f"the request body did not arrive within {self.timeout} s") from None
+        if len(body) < length:  # the client hung up mid-body
+            self.close_connection = True
+            raise BadRequest(400, f"the body ended after {len(body)} of {length} bytes")
+        return body
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib name)
         try:
@@ -132,8 +160,10 @@ class RetrievalHandler(BaseHTTPRequestHandler):
                 body = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise BadRequest(400, f"the body is not valid UTF-8 JSON: {err}") from None
+            except RecursionError:
+                raise BadRequest(400, "the body's JSON is nested too deeply") from None
             queries, topk, return_scores = validate(body, self.server.limits)
-            hits = self.server.retriever.search(queries, topk)
+            hits = self.server.retriever.search(queries, topk) if queries else []
         except BadRequest as err:
             self._send(err.status, {"error": str(err)})
             return
@@ -174,8 +204,9 @@ def serve(corpus: str | Path | None, host: str, port: int, *, topk: int = 3,
         from envs.search.kb import default_paths
 
         corpus = default_paths()["corpus"]
+    limits = Limits(default_topk=topk)  # checked before the (possibly long) index build
     retriever = BM25Retriever(corpus, cache_dir=cache_dir)
-    server = RetrievalServer((host, port), retriever, Limits(default_topk=topk))
+    server = RetrievalServer((host, port), retriever, limits)
 
     def stop(signum: int, _frame: Any) -> None:
         logger.info("signal %d: shutting down", signum)
@@ -201,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", help="where BM25 indices are cached")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    max_topk = Limits.max_topk
+    if not 1 <= args.topk <= max_topk:
+        parser.error(f"--topk must be from 1 to {max_topk}, got {args.topk}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bm25s").setLevel(max(logging.WARNING, logging.getLogger().level))

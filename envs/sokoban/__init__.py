@@ -2,7 +2,7 @@
 
 from envs.sokoban.env import ACTIONS, PRESETS, SokobanEnv, SokobanPreset, SokobanVisionEnv
 from envs.sokoban.generator import GeneratedRoom, GenerationError, generate_room, reverse_search
-from envs.sokoban.xsb import LevelError, SokobanLevel, load_xsb, parse_xsb, split_xsb_collection
+from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, load_xsb, parse_xsb, split_xsb_collection
 
 __all__ = [
     "ACTIONS",
@@ -14,6 +14,7 @@ __all__ = [
     "GenerationError",
     "generate_room",
     "reverse_search",
+    "LevelCollection",
     "LevelError",
     "SokobanLevel",
     "load_xsb",

@@ -8,6 +8,9 @@ changes nothing; only unparsable replies are invalid.
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,7 +20,9 @@ import numpy as np
 from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
 from envs.sokoban.generator import generate_room
 from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
-from envs.sokoban.xsb import LevelError, SokobanLevel, load_xsb, parse_xsb
+from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, parse_xsb
+
+logger = logging.getLogger(__name__)
 
 ACTIONS: tuple[str, ...] = ("Up", "Down", "Left", "Right")
 _ACTION_INDEX = {name.lower(): i for i, name in enumerate(ACTIONS)}
@@ -44,17 +49,64 @@ PRESETS: dict[str, SokobanPreset] = {
     "hard": SokobanPreset((8, 8), 2, max_turns=25, max_solution_moves=20),
     "large": SokobanPreset((10, 10), 3, max_turns=40, max_solution_moves=30),
 }
-LOADED_LEVEL_MAX_TURNS = 100
+#: The fewest turns a loaded XSB level gets by default: gym-sokoban's Boxoban limit (120), which
+#: the solutions of 10x10 Boxoban levels (up to ~110 moves) fit.
+LOADED_LEVEL_MAX_TURNS = 120
+#: Collections with at most this many levels are parsed and checked when the env is built;
+#: larger ones are indexed and each level is parsed when first drawn.
+VALIDATE_LEVELS_UP_TO = 2_000
+
+
+_COLLECTIONS: dict[tuple[str, int, int], LevelCollection] = {}
+_COLLECTIONS_LOCK = threading.Lock()
+
+
+def shared_collection(path: str | Path) -> LevelCollection:
+    """One :class:`LevelCollection` per file (and version of it) per process: a runner builds
+    B x G envs of one task, which must not read and index the file B x G times. Collections of
+    up to ``VALIDATE_LEVELS_UP_TO`` levels are checked completely when first opened."""
+    resolved = Path(path).resolve()
+    try:
+        stat = resolved.stat()
+        key = (str(resolved), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return LevelCollection(path)  # raises the clear error for a missing file
+    with _COLLECTIONS_LOCK:
+        collection = _COLLECTIONS.get(key)
+        if collection is None:
+            collection = LevelCollection(resolved)
+            if len(collection) <= VALIDATE_LEVELS_UP_TO:
+                collection.validate()
+            for old in [k for k in _COLLECTIONS if k[0] == key[0]]:  # an older version of the file
+                del _COLLECTIONS[old]
+            _COLLECTIONS[key] = collection
+        return collection
+
+
+def loaded_level_turns(level: SokobanLevel) -> int:
+    """The default turn limit of a loaded level: ``max(120, 1.5 * floor cells * sqrt(boxes))``,
+    so large levels with many boxes get room for their long solutions."""
+    floor = int((~level.walls & ~level.outside).sum())
+    return max(LOADED_LEVEL_MAX_TURNS, math.ceil(1.5 * floor * math.sqrt(level.num_boxes)))
 
 
 class SokobanEnv(MultiTurnEnv):
     """Push every box onto a goal; the board is shown as XSB text.
 
-    Levels are generated procedurally per ``reset`` (``preset`` or ``size``/``num_boxes``),
-    or taken from XSB: ``level`` (one level as a string) or ``levels_file`` (a collection;
-    ``reset`` draws a level from its seed, or ``options={"level_index": i}`` picks one).
-    ``feedback=False``: observations after a step are the board alone (no move feedback or
-    turns left).
+    Levels are generated procedurally per ``reset`` (``preset``, default ``"simple"``, or
+    ``size``/``num_boxes``), or taken from XSB: ``level`` (one level as a string) or
+    ``levels_file`` (a collection, e.g. a Boxoban file; ``reset`` draws a level from its seed, or
+    ``options={"level_index": i}`` picks the ``i``-th, counting from 0; ``info["level_label"]``
+    is the file's own ``; N`` number). ``preset``, ``size`` and ``num_boxes`` describe generated
+    rooms and are errors together with XSB levels.
+
+    Turn limits: a preset's own; for loaded levels :func:`loaded_level_turns` of each level
+    (at least 120, gym-sokoban's Boxoban limit) unless ``max_turns`` is given.
+
+    Large collections are indexed and parsed lazily (:class:`LevelCollection`); a malformed
+    level met by a seeded draw is skipped (with a warning) for the next good one, while
+    ``level_index`` naming it raises :class:`LevelError`. ``feedback=False``: observations after
+    a step are the board alone (no move feedback or turns left).
     """
 
     modality: ClassVar[str] = "text"
@@ -62,7 +114,7 @@ class SokobanEnv(MultiTurnEnv):
 
     def __init__(
         self,
-        preset: str = "simple",
+        preset: str | None = None,
         *,
         size: int | tuple[int, int] | None = None,
         num_boxes: int | None = None,
@@ -76,17 +128,44 @@ class SokobanEnv(MultiTurnEnv):
         tile_size: int = 28,
         search_budget: int = 30_000,
     ) -> None:
-        if preset not in PRESETS:
+        if preset is not None and preset not in PRESETS:
             raise ValueError(f"unknown Sokoban preset {preset!r}; choose one of {sorted(PRESETS)}")
-        p = PRESETS[preset]
-        self._levels: list[SokobanLevel] | None = None
+        p = PRESETS[preset or "simple"]
+        self._levels: list[SokobanLevel] | LevelCollection | None = None
+        self._bad_levels: set[int] = set()
         if level is not None and levels_file is not None:
             raise ValueError("pass either level= (one XSB string) or levels_file=, not both")
+        if isinstance(tile_size, bool) or not isinstance(tile_size, (int, np.integer)) or tile_size < 4:
+            raise ValueError(f"tile_size must be an integer number of pixels >= 4, got {tile_size!r}")
+        if max_turns is not None and (isinstance(max_turns, bool) or int(max_turns) != max_turns or max_turns < 1):
+            raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
+        self._auto_turns = False
         if level is not None or levels_file is not None:
-            if size is not None or num_boxes is not None:
-                raise ValueError("size/num_boxes describe generated rooms; they cannot be combined with XSB levels")
-            self._levels = [parse_xsb(level)] if level is not None else load_xsb(levels_file)  # type: ignore[arg-type]
+            if size is not None or num_boxes is not None or preset is not None:
+                raise ValueError("preset, size and num_boxes describe generated rooms; they cannot be combined "
+                                 "with XSB levels (level= / levels_file=)")
+            if level is not None:
+                if not isinstance(level, str):
+                    raise LevelError(f"level= must be one XSB level as a string, got {type(level).__name__}")
+                self._levels = [parse_xsb(level)]
+            else:
+                self._levels = shared_collection(levels_file)  # type: ignore[arg-type]
+            self._auto_turns = max_turns is None
             max_turns = LOADED_LEVEL_MAX_TURNS if max_turns is None else max_turns
+        else:
+            if num_boxes is not None and (isinstance(num_boxes, bool) or int(num_boxes) != num_boxes or num_boxes < 1):
+                raise ValueError(f"num_boxes must be an integer >= 1, got {num_boxes!r}")
+            if size is not None:
+                dims = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+                if len(dims) != 2 or any(isinstance(d, bool) or int(d) != d or d < 4 for d in dims):
+                    raise ValueError(f"size must be an integer >= 4 or (rows, cols) of such (walls included), got {size!r}")
+                size = (int(dims[0]), int(dims[1]))
+            boxes = int(num_boxes) if num_boxes is not None else p.num_boxes
+            rows, cols = size if size is not None else p.size
+            if boxes + 1 > (rows - 2) * (cols - 2) - 1:
+                raise ValueError(f"{boxes} boxes do not fit a {rows}x{cols} room (walls included)")
+            if int(search_budget) < 1:
+                raise ValueError(f"search_budget must be >= 1, got {search_budget!r}")
         if isinstance(size, int):
             size = (size, size)
         self.size: tuple[int, int] = tuple(size) if size is not None else p.size  # type: ignore[assignment]
@@ -106,7 +185,9 @@ class SokobanEnv(MultiTurnEnv):
         self.max_solution_moves = int(max_solution_moves)
         self.search_budget = int(search_budget)
         self.tile_size = int(tile_size)
-        if self._levels is not None:
+        if isinstance(self._levels, LevelCollection):
+            grid = (self._levels.max_height, self._levels.max_width)
+        elif self._levels is not None:
             grid = (max(lv.height for lv in self._levels), max(lv.width for lv in self._levels))
         else:
             grid = self.size
@@ -115,6 +196,7 @@ class SokobanEnv(MultiTurnEnv):
         self.level: SokobanLevel | None = None
         self.optimal_moves: int | None = None
         self.level_index: int | None = None
+        self.level_label: str | None = None
         self._boxes = np.zeros(0, dtype=bool)
         self._player = 0
         self._empty_board: tuple[str, list[str]] | None = None  # per level, see _xsb
@@ -129,13 +211,21 @@ class SokobanEnv(MultiTurnEnv):
     def _reset_task(self, options: dict[str, Any] | None) -> None:
         options = options or {}
         if self._levels is not None:
+            n = len(self._levels)
             idx = options.get("level_index")
-            if idx is None:
-                idx = int(self.np_random.integers(len(self._levels)))
-            if not 0 <= int(idx) < len(self._levels):
-                raise ValueError(f"level_index {idx} out of range: the file has {len(self._levels)} levels")
-            self.level_index = int(idx)
-            self.level, self.optimal_moves = self._levels[self.level_index], None
+            if idx is not None:
+                if isinstance(idx, bool) or int(idx) != idx or not 0 <= int(idx) < n:
+                    raise ValueError(f"level_index {idx!r} out of range: the file has {n} levels, "
+                                     f"indices 0 to {n - 1} in file order")
+                self.level_index = int(idx)
+                self.level = self._levels[self.level_index]  # a malformed level raises LevelError
+            else:
+                self.level_index, self.level = self._draw_level(int(self.np_random.integers(n)))
+            self.optimal_moves = None
+            self.level_label = self._levels.labels[self.level_index] if isinstance(self._levels, LevelCollection) \
+                else str(self.level_index + 1)
+            if self._auto_turns:
+                self.max_turns = loaded_level_turns(self.level)
         else:
             room = generate_room(
                 self.np_random,
@@ -150,6 +240,21 @@ class SokobanEnv(MultiTurnEnv):
         self._boxes[list(self.level.boxes)] = True
         self._player = self.level.player
         self._empty_board = None
+
+    def _draw_level(self, start: int) -> tuple[int, SokobanLevel]:
+        """Level ``start``, or the next well-formed one in file order (skipping malformed ones)."""
+        assert self._levels is not None
+        n = len(self._levels)
+        for offset in range(n):
+            idx = (start + offset) % n
+            if idx in self._bad_levels:
+                continue
+            try:
+                return idx, self._levels[idx]
+            except LevelError as exc:
+                self._bad_levels.add(idx)
+                logger.warning("skipping a malformed level: %s", exc)
+        raise LevelError(f"no well-formed level in {getattr(self._levels, 'path', 'the levels given')}")
 
     def instructions(self) -> str:
         return (
@@ -243,6 +348,7 @@ class SokobanEnv(MultiTurnEnv):
             "num_boxes": self.level.num_boxes if self.level is not None else self.num_boxes,
             "optimal_moves": self.optimal_moves,
             "level_index": self.level_index,
+            "level_label": self.level_label,
         }
 
     def cell_codes(self) -> np.ndarray:

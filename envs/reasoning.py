@@ -1,0 +1,425 @@
+"""Reasoning tasks from ``reasoning-gym``'s procedural generators, with their offline verifiers.
+
+``freshper/ReasoningGym-v0`` turns any generator into a task: ``task=<generator name>`` picks it
+and every other unknown keyword is the generator's own configuration, e.g.
+``gym.make("freshper/ReasoningGym-v0", task="chain_sum", min_terms=2, max_terms=3)``. No data is
+downloaded: problems are generated on the fly from ``(dataset_seed, index)``.
+
+- ``reset(seed=s)`` draws the problem index from ``s`` (deterministic); ``options={"index": i}``
+  picks problem ``i``. ``size`` is the number of distinct problems indices are drawn from.
+- The reply holds the answer between ``<answer>`` and ``</answer>`` (the last complete pair,
+  :func:`envs.base.extract_tag`); a reply without one, or with an empty one, is invalid.
+- The reward is the generator's own score of the answer, in [0, 1] (``dataset.score_answer``;
+  some generators give partial credit); ``success`` is a score of 1.
+- ``max_attempts=k`` makes it multi-turn: a wrong answer with attempts left gets the feedback
+  that it is not correct and reward 0, and the episode goes on; the episode ends at a correct
+  answer (reward 1) or with the last attempt (reward its score). ``max_turns`` (default
+  ``max_attempts + 1``: one spare turn, so an invalid reply is explained and can be repaired)
+  bounds all replies, invalid ones included.
+
+Scoring safety: some generators evaluate the answer as an expression (sympy's ``parse_expr``, which
+runs ``eval``), where a reply such as ``9**9**9`` never finishes and ``[0]*10**10`` exhausts
+memory. Answers made only of digits, whitespace and ``+ - * / ( ) . , =`` without a power
+operator are scored in the process (bounded work); any other answer is scored in a separate
+worker process with a time limit (``score_timeout``) and, on Linux, a memory limit
+(``score_memory_mb``). A score that times out or fails counts 0 and ``info["score_error"]``
+says why. ``scoring="inline"`` scores every answer in the process (trusted replies only).
+
+Requires the optional extra ``.[reasoning]`` (``pip install -e '.[reasoning]'``); without it the
+tasks are still listed by ``python -m envs list`` and building one says what to install.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import math
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from envs.base import MultiTurnEnv, extract_tag
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install -e '.[reasoning]' (or pip install reasoning-gym)"
+#: Answers with only these characters and no power operator are scored in the process.
+_PLAIN_ANSWER = re.compile(r"^[0-9\s+\-*/().,=]*$")
+_INT = re.compile(r"^-?\d+$")
+_DECIMAL = re.compile(r"^-?\d+\.\d+$")
+_FRACTION = re.compile(r"^-?\d+/\d+$")
+_WORD_STRIP = ".,;:!?()[]{}\"'"
+#: Seconds the scoring worker may take to start (it imports reasoning-gym, a few seconds).
+START_TIMEOUT = 120.0
+
+#: Presets registered as their own ids (``envs/_builtin.py``): small numbers and short answers,
+#: so the embedded ~1M-parameter model has something to learn.
+PRESETS: dict[str, dict[str, Any]] = {
+    "arithmetic": {"task": "basic_arithmetic", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                   "operators": ["+", "-", "*"], "allow_parentheses": False, "allow_negation": False},
+    "countdown": {"task": "countdown", "min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 9,
+                  "min_target": 10, "max_target": 30, "operators": ["+", "-", "*"], "max_attempts": 3},
+}
+
+
+def _require() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as exc:
+        raise ImportError(f"reasoning tasks need the reasoning-gym package, which is not installed: {INSTALL_HINT}") \
+            from exc
+    return reasoning_gym
+
+
+def generator_names() -> list[str]:
+    """Every generator reasoning-gym offers (imports it)."""
+    return sorted(_require().factory.DATASETS)
+
+
+def _config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=repr)
+
+
+@lru_cache(maxsize=64)
+def _dataset(task: str, config_json: str, size: int, seed: int) -> Any:
+    """The generator's dataset object (cached: building one per env would repeat its set-up)."""
+    rg = _require()
+    if task not in rg.factory.DATASETS:
+        close = difflib.get_close_matches(task, list(rg.factory.DATASETS), n=3, cutoff=0.6)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"reasoning-gym has no generator {task!r}.{hint} envs.reasoning.generator_names() "
+                         "lists them all")
+    config = json.loads(config_json)
+    _, config_cls = rg.factory.DATASETS[task]
+    fields = set(getattr(config_cls, "__dataclass_fields__", {})) - {"seed", "size"}
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise ValueError(f"{task!r} has no setting(s) {unknown}; its settings are {sorted(fields)}")
+    try:
+        return rg.create_dataset(task, size=size, seed=seed, **config)
+    except (AssertionError, TypeError, ValueError) as exc:
+        raise ValueError(f"invalid settings for reasoning-gym generator {task!r} {config}: "
+                         f"{exc or type(exc).__name__}") from None
+
+
+def _score(dataset: Any, answer: str, entry: dict[str, Any]) -> float:
+    """The generator's score, clipped to [0, 1] (NaN and errors count 0)."""
+    value = float(dataset.score_answer(answer, entry))
+    return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+
+
+# -- the scoring worker ------------------------------------------------------------------------
+def _worker_loop(memory_mb: int) -> None:  # pragma: no cover (runs in the worker process)
+    """Answer JSON-line score requests on stdin until it closes (``python -c`` entry point).
+
+    Requests: ``{"task", "config", "size", "seed", "index", "answer"}``; answers: ``{"score",
+    "error"}``. The protocol owns stdout; anything a generator prints goes to stderr.
+    """
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    sys.stdout = sys.stderr
+    try:
+        import resource
+
+        limit = memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        _require()
+    except ImportError as exc:
+        out.write(json.dumps({"ready": False, "error": str(exc)}) + "\n")
+        out.flush()
+        return
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            dataset = _dataset(req["task"], req["config"], req["size"], req["seed"])
+            reply = {"score": _score(dataset, req["answer"], dataset[req["index"]]), "error": None}
+        except MemoryError:
+            reply = {"score": 0.0, "error": "scoring ran out of memory"}
+        except Exception as exc:  # the generator's scorer failed on this answer
+            reply = {"score": 0.0, "error": f"scoring failed: {type(exc).__name__}: {exc}"[:300]}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+class _ScoringWorker:
+    """One worker process per parent process, shared by every env; restarted after a timeout.
+
+    A plain ``python -c`` subprocess speaking JSON lines over its pipes: no fork of a process
+    that may hold threads, and no re-import of the parent's main module (a spawned
+    multiprocessing child would import ``train.py`` and torch with it).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+
+    def _start(self, memory_mb: int) -> str | None:
+        """Start the worker and wait until it has imported reasoning-gym; an error or None."""
+        root = str(Path(__file__).resolve().parents[1])  # where the envs package lives
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        code = f"import envs.reasoning as r; r._worker_loop({int(memory_mb)})"
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env=env, text=True, encoding="utf-8", bufsize=1)
+        self._lines = queue.Queue()
+        lines, stream = self._lines, self._proc.stdout
+
+        def read() -> None:
+            for line in stream:  # type: ignore[union-attr]
+                lines.put(line)
+            lines.put(None)  # end of stream: the worker exited
+
+        threading.Thread(target=read, daemon=True, name="freshper-reasoning-scorer-reader").start()
+        try:
+            first = self._lines.get(timeout=START_TIMEOUT)
+        except queue.Empty:
+            self.stop()
+            return f"the scoring worker did not start within {START_TIMEOUT:g} s"
+        message = json.loads(first) if first else {"ready": False, "error": "it exited"}
+        if not message.get("ready"):
+            self.stop()
+            return f"the scoring worker could not start: {message.get('error')}"
+        return None
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._proc = None
+
+    def score(self, request: dict[str, Any], timeout: float, memory_mb: int) -> tuple[float, str | None]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self.stop()
+                error = self._start(memory_mb)
+                if error:
+                    return 0.0, error
+            try:
+                assert self._proc is not None and self._proc.stdin is not None
+                self._proc.stdin.write(json.dumps(request) + "\n")
+                self._proc.stdin.flush()
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                self.stop()  # still computing: kill it; the next answer starts a fresh one
+                return 0.0, f"scoring timed out after {timeout:g} s"
+            except OSError as exc:
+                self.stop()
+                return 0.0, f"the scoring worker died ({type(exc).__name__})"
+            if line is None:
+                self.stop()
+                return 0.0, "the scoring worker died while scoring (out of memory?)"
+            reply = json.loads(line)
+            return float(reply["score"]), reply["error"]
+
+
+_WORKER = _ScoringWorker()
+
+
+# -- the task ----------------------------------------------------------------------------------
+class ReasoningGymEnv(MultiTurnEnv):
+    """One reasoning-gym generator as a task (see the module docstring for the rules).
+
+    Args:
+        task: the generator's name (``basic_arithmetic``, ``chain_sum``, ``countdown``,
+            ``gsm_symbolic``, ``leg_counting``, ...; :func:`generator_names` lists them).
+        max_attempts: answers allowed per problem (1: single-turn).
+        size: number of distinct problems (indices ``0 .. size-1``).
+        dataset_seed: the generator's seed; with ``size`` it fixes the set of problems.
+        max_turns: bound on replies, invalid ones included (default ``max_attempts + 1``).
+        max_answer_chars: longer answers are invalid replies.
+        scoring: ``"safe"`` (plain arithmetic inline, any other answer in the worker) or
+            ``"inline"``.
+        score_timeout: seconds the worker may take to score one answer.
+        score_memory_mb: address-space limit of the worker (Linux).
+        **generator_config: the generator's own settings (its config dataclass's fields).
+    """
+
+    modality: ClassVar[str] = "text"
+
+    def __init__(
+        self,
+        task: str,
+        *,
+        max_attempts: int = 1,
+        size: int = 100_000,
+        dataset_seed: int = 0,
+        max_turns: int | None = None,
+        max_answer_chars: int = 2_000,
+        scoring: str = "safe",
+        score_timeout: float = 10.0,
+        score_memory_mb: int = 4_096,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+        feedback: bool = True,
+        **generator_config: Any,
+    ) -> None:
+        if "seed" in generator_config:
+            raise ValueError("pass dataset_seed= for the generator's seed; reset(seed=...) picks the problem")
+        if not isinstance(task, str) or not task:
+            raise ValueError(f"task must name a reasoning-gym generator, got {task!r}")
+        if int(max_attempts) < 1 or int(size) < 1 or int(max_answer_chars) < 1:
+            raise ValueError("max_attempts, size and max_answer_chars must be >= 1")
+        if scoring not in ("safe", "inline"):
+            raise ValueError(f"scoring must be 'safe' or 'inline', got {scoring!r}")
+        if not (score_timeout > 0 and math.isfinite(score_timeout)) or int(score_memory_mb) < 64:
+            raise ValueError("score_timeout must be a positive number of seconds and score_memory_mb >= 64")
+        self.max_attempts = int(max_attempts)
+        super().__init__(max_turns=self.max_attempts + 1 if max_turns is None else max_turns,
+                         format_penalty=format_penalty, render_mode=render_mode, feedback=feedback)
+        self.task = task
+        self.size, self.dataset_seed = int(size), int(dataset_seed)
+        self.generator_config = dict(generator_config)
+        self._config_json = _config_key(self.generator_config)
+        self.dataset = _dataset(task, self._config_json, self.size, self.dataset_seed)
+        self.max_answer_chars = int(max_answer_chars)
+        self.scoring, self.score_timeout, self.score_memory_mb = scoring, float(score_timeout), int(score_memory_mb)
+        self.index = 0
+        self.entry: dict[str, Any] = self.dataset[0]
+        self._clear_episode()
+        self._build_spaces()
+
+    def _clear_episode(self) -> None:
+        self.attempts = 0
+        self.score = 0.0
+        self.score_error = ""
+        self.history: list[tuple[str, float]] = []
+
+    # -- MultiTurnEnv hooks --------------------------------------------------------------------
+    def _reset_task(self, options: dict[str, Any] | None) -> None:
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self.np_random.integers(self.size))
+        self.index = int(index) % self.size
+        self.entry = self.dataset[self.index]
+        self._clear_episode()
+
+    def instructions(self) -> str:
+        tries = f" You have {self.max_attempts} attempts." if self.max_attempts > 1 else ""
+        return ("Solve the problem. You may reason first; then write only the final answer between "
+                f"<answer> and </answer>.{tries}")
+
+    def state_text(self) -> str:
+        text = f"Problem: {self.entry['question'].strip()}"
+        if self.max_attempts > 1:
+            text += f"\nAttempts left: {self.max_attempts - self.attempts}."
+        return text
+
+    def parse_action(self, reply: str) -> tuple[Any, str | None]:
+        content = extract_tag(reply)
+        if content is None:
+            return None, "no <answer>...</answer> found; end your reply with <answer>your answer</answer>."
+        if not content:
+            return None, "the answer is empty; write it between <answer> and </answer>."
+        if len(content) > self.max_answer_chars:
+            return None, f"the answer is longer than {self.max_answer_chars} characters."
+        return content, None
+
+    def apply_action(self, answer: str) -> tuple[float, str, bool, bool]:
+        self.attempts += 1
+        score, error = self._score_answer(answer)
+        self.score, self.score_error = score, error or ""
+        self.history.append((answer, score))
+        correct = score >= 1.0
+        shown = answer if len(answer) <= 60 else answer[:60] + "..."
+        if correct:
+            return 1.0, f"Your answer {shown!r} is correct.", True, True
+        if self.attempts < self.max_attempts:
+            left = self.max_attempts - self.attempts
+            return 0.0, (f"Your answer {shown!r} is not correct; try again ({left} attempt"
+                         f"{'s' if left > 1 else ''} left)."), False, False
+        return score, f"Your answer {shown!r} is not correct.", True, False
+
+    def _score_answer(self, answer: str) -> tuple[float, str | None]:
+        if self.scoring == "inline" or (_PLAIN_ANSWER.match(answer) and "**" not in answer):
+            try:
+                return _score(self.dataset, answer, self.entry), None
+            except Exception as exc:  # the generator's scorer failed on this answer
+                logger.debug("reasoning-gym %s: scoring %r failed: %s", self.task, answer[:80], exc)
+                return 0.0, f"scoring failed: {type(exc).__name__}: {exc}"[:300]
+        request = {"task": self.task, "config": self._config_json, "size": self.size, "seed": self.dataset_seed,
+                   "index": self.index, "answer": answer}
+        score, error = _WORKER.score(request, self.score_timeout, self.score_memory_mb)
+        if error:
+            logger.warning("reasoning-gym %s: answer %r scored 0: %s", self.task, answer[:80], error)
+        return score, error
+
+    # -- the rest of the task contract --------------------------------------------------------
+    def sample_reply(self, rng: np.random.Generator) -> str:
+        """A random well-formed answer of the gold answer's kind, never derived from its value:
+        for Countdown-style tasks (the problem lists its numbers) a random expression over those
+        numbers; for an integer, decimal or fraction answer a random one with as many digits;
+        for any other answer as many consecutive words of the problem as the answer has."""
+        gold = str(self.entry.get("answer", "")).strip()
+        numbers = (self.entry.get("metadata") or {}).get("numbers")
+        if isinstance(numbers, list) and numbers and all(isinstance(n, int) for n in numbers):
+            return f"<answer>{self._random_expression(rng, numbers)}</answer>"
+        sign = "-" if "-" in self.entry["question"] and rng.random() < 0.5 else ""
+        if _INT.match(gold):
+            return f"<answer>{sign}{_random_digits(rng, len(gold.lstrip('-')))}</answer>"
+        if _DECIMAL.match(gold):
+            whole, frac = gold.lstrip("-").split(".")
+            return f"<answer>{sign}{_random_digits(rng, len(whole))}.{_random_digits(rng, len(frac), lead=False)}</answer>"
+        if _FRACTION.match(gold):
+            num, den = gold.lstrip("-").split("/")
+            return f"<answer>{sign}{_random_digits(rng, len(num))}/{max(1, int(_random_digits(rng, len(den))))}</answer>"
+        words = [w.strip(_WORD_STRIP) for w in self.entry["question"].split()]
+        words = [w for w in words if w] or ["answer"]
+        k = max(1, min(len(gold.split()), len(words)))
+        start = int(rng.integers(len(words) - k + 1))
+        return f"<answer>{' '.join(words[start:start + k])}</answer>"
+
+    def _random_expression(self, rng: np.random.Generator, numbers: list[int]) -> str:
+        ops = [o for o in getattr(self.dataset.config, "operators", ("+", "-", "*", "/")) if o in "+-*/"] or ["+"]
+        order = [numbers[i] for i in rng.permutation(len(numbers))]
+        parts = [str(order[0])]
+        for n in order[1:]:
+            parts.append(ops[int(rng.integers(len(ops)))])
+            parts.append(str(n))
+        return " ".join(parts)
+
+    def outcome_text(self, terminated: bool, success: bool) -> str:
+        """``correct`` or ``not correct``: what an answer leads to (the dynamics target)."""
+        return "correct" if success else "not correct"
+
+    def task_info(self) -> dict[str, Any]:
+        return {"task": self.task, "index": self.index, "attempts": self.attempts, "score": self.score,
+                "score_error": self.score_error, "gold_answer": str(self.entry.get("answer", ""))}
+
+    def render_text(self) -> str:
+        lines = [self.state_text()]
+        lines += [f"answer: {a} -> score {s:.2f}" for a, s in self.history]
+        if self.history and (self.history[-1][1] >= 1.0 or self.attempts >= self.max_attempts):
+            lines.append(f"gold: {self.entry.get('answer', '')}")  # once the answers are over
+        return "\n".join(lines)
+
+
+def _random_digits(rng: np.random.Generator, n: int, lead: bool = True) -> str:
+    """A random string of ``n`` >= 1 digits (no leading zero when ``lead`` and n > 1)."""
+    n = max(1, n)
+    digits = [str(int(d)) for d in rng.integers(0, 10, n)]
+    if lead and n > 1 and digits[0] == "0":
+        digits[0] = str(int(rng.integers(1, 10)))
+    return "".join(digits)
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The keyword arguments of a registered preset (a copy)."""
+    return json.loads(json.dumps(PRESETS[name]))
