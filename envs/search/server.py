@@ -9,6 +9,8 @@ when ``return_scores`` is false, as Search-R1's server does); ``GET /health`` an
 ``{"status": "ok", "passages": N}``. Bad requests get a 4xx and ``{"error": "..."}``: 411 no
 length, 413 body too large, 400 malformed JSON or wrong types, 404 unknown path. SIGTERM and
 SIGINT stop it cleanly: it stops accepting connections, closes its socket and exits with 0.
+``--latency-ms`` makes every ``/retrieve`` wait that long first: a remote or loaded retrieval
+service, simulated on loopback (``benchmarks/scale_bench.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -133,6 +136,9 @@ class RetrievalHandler(BaseHTTPRequestHandler):
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise BadRequest(400, f"the body is not valid UTF-8 JSON: {err}") from None
             queries, topk, return_scores = validate(body, self.server.limits)
+            self.server.count_request()
+            if self.server.latency > 0:  # an injected service time (benchmarks, fault tests)
+                time.sleep(self.server.latency)
             hits = self.server.retriever.search(queries, topk)
         except BadRequest as err:
             self._send(err.status, {"error": str(err)})
@@ -156,10 +162,20 @@ class RetrievalServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], retriever: Retriever, limits: Limits | None = None) -> None:
+    def __init__(self, address: tuple[str, int], retriever: Retriever, limits: Limits | None = None, *,
+                 latency: float = 0.0) -> None:
         self.retriever = retriever
         self.limits = limits or Limits()
+        #: Seconds each /retrieve request waits before it is answered: a slower service, simulated.
+        self.latency = float(latency)
+        #: Valid /retrieve requests received so far.
+        self.requests = 0
+        self._count_lock = threading.Lock()
         super().__init__(address, RetrievalHandler)
+
+    def count_request(self) -> None:
+        with self._count_lock:
+            self.requests += 1
 
     @property
     def url(self) -> str:
@@ -168,14 +184,14 @@ class RetrievalServer(ThreadingHTTPServer):
 
 
 def serve(corpus: str | Path | None, host: str, port: int, *, topk: int = 3,
-          cache_dir: str | Path | None = None, ready_message: bool = True) -> None:
+          cache_dir: str | Path | None = None, ready_message: bool = True, latency: float = 0.0) -> None:
     """Build (or load) the index, serve until SIGTERM/SIGINT, then shut down cleanly."""
     if corpus is None:
         from envs.search.kb import default_paths
 
         corpus = default_paths()["corpus"]
     retriever = BM25Retriever(corpus, cache_dir=cache_dir)
-    server = RetrievalServer((host, port), retriever, Limits(default_topk=topk))
+    server = RetrievalServer((host, port), retriever, Limits(default_topk=topk), latency=latency)
 
     def stop(signum: int, _frame: Any) -> None:
         logger.info("signal %d: shutting down", signum)
@@ -199,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     parser.add_argument("--topk", type=int, default=3, help="top-k when a request gives none")
     parser.add_argument("--cache-dir", help="where BM25 indices are cached")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="wait this long before answering each /retrieve request (simulates a slower service)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bm25s").setLevel(max(logging.WARNING, logging.getLogger().level))
-    serve(args.corpus, args.host, args.port, topk=args.topk, cache_dir=args.cache_dir)
+    serve(args.corpus, args.host, args.port, topk=args.topk, cache_dir=args.cache_dir, latency=args.latency_ms / 1000)
     return 0
 
 
