@@ -10,7 +10,10 @@ records of a shard do not depend on which process plays it: N workers reproduce 
 in-process :class:`ShardedCollector` with the same number of shards exactly. (Rows of one
 batch are not bitwise independent of the other rows: padding and shared prefixes change fp32
 rounding at ~1e-7, so the shard, not the task, is the unit that makes records reproducible.)
-One shard uses the request's own seed, so one shard is exactly the plain runner.
+One shard uses the request's own seed, so one shard is exactly the plain runner. Bitwise
+equality also needs the same kernels to run: the same hardware, torch thread count (workers
+take this process's) and weight memory layout (fp32 CPU kernels round by the weights'
+alignment; workers load the model folder the way the trainer does and copy weights in place).
 
 **Ray workers** (:class:`RayCollector`). Each worker is a Ray actor holding a runner with its
 env pool and a copy of the policy (or a vLLM engine, :mod:`agents.vllm_client`); the model
@@ -528,6 +531,9 @@ class RayCollector:
                 ray.kill(worker)
             except Exception:
                 pass
+        if self._inflight:  # collected ahead for iterations the run will not make
+            logger.info("discarding %d shards collected ahead for iterations %s (the run ends)",
+                        sum(len(b.jobs) for b in self._inflight), [b.iteration for b in self._inflight])
         self._inflight.clear()
         if self.owns_ray:
             ray.shutdown()
