@@ -16,7 +16,8 @@ distribution"), tested against ``Policy.token_logprobs`` on CPU (``make test-vll
 - one seed per prompt (drawn by the caller from its seeded RNG), so a collect is reproducible.
 - weights are reloaded in place from a safetensors folder (:meth:`VLLMEngine.reload`), and the
   prefix cache is reset after every reload: cached KV computed with the old weights would
-  otherwise be reused for prompts that share a prefix.
+  otherwise be reused for prompts that share a prefix. On CPU builds the GEMMs of layers that
+  keep their weight (a tied LM head) are repacked too (:func:`refresh_cpu_gemms`).
 
 Greedy requests are argmax decoding; their log-probs are reported at T = 1 (vLLM applies no
 temperature to greedy rows), so :meth:`VLLMEngine.generate` refuses ``greedy`` with T != 1.
@@ -50,6 +51,9 @@ class VLLMEngine:
         if gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
         self.llm = LLM(**kwargs)
+        from vllm.platforms import current_platform
+
+        self.on_cpu = bool(current_platform.is_cpu())
         self.model_path = str(model_path)
         self.reloads = 0
 
@@ -84,5 +88,26 @@ class VLLMEngine:
         """Load the weights in ``weights_path`` (a ``save_pretrained`` folder) in place, then
         drop every cached prefix (its KV belongs to the old weights)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
+        if self.on_cpu:
+            self.llm.apply_model(refresh_cpu_gemms)
         self.llm.reset_prefix_cache()
         self.reloads += 1
+
+
+def refresh_cpu_gemms(model: Any) -> int:
+    """Re-pack the CPU GEMMs of layers that keep their weight (embeddings and the LM head).
+
+    vLLM's CPU build packs each linear layer's weight into a oneDNN handle when loading. An
+    in-place reload repacks the layers it loads, but a tied LM head shares the embedding's
+    weight without loading it, so its handle keeps the old weights (measured: the reloaded
+    model's log-probs were off by up to 4 nats until this ran). Returns the layers repacked.
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and weight is not None and weight.numel() > 0 and weight.ndim == 2:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            count += 1
+    return count
