@@ -203,6 +203,8 @@ class Config:
     """asynchronous collection: records more than this many optimizer steps behind the learner are dropped and re-collected (counted and logged); workers collect max_staleness // (steps per iteration) iterations ahead; default: one iteration's steps"""
     max_restarts: int = 3
     """rollout-worker deaths survived within one collect (a dead worker is replaced and its episodes re-collected)"""
+    worker_gpus: float = 0.0
+    """GPUs each Ray rollout worker reserves (its vLLM engine runs on them); 0: CPU workers"""
     engine: str = "hf"
     """sampling engine of training rollouts: 'hf' (the policy's own sampler) or 'vllm' (a vLLM engine in its own process, weights pushed after each update; text tasks)"""
     vllm_python: str | None = None
@@ -284,8 +286,8 @@ def validate(cfg: Config) -> None:
          "--buffer-capacity must be >= 1, --tau > 0 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
-        (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0,
-         "--rollout-workers and --max-restarts must be >= 0, --rollout-shards >= 1"),
+        (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
+         and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),
         (cfg.engine in ("hf", "vllm"), f"--engine must be hf|vllm, got {cfg.engine!r}"),
         (not cfg.async_collect or cfg.rollout_workers >= 1, "--async needs rollout workers (--rollout-workers N)"),
         (cfg.max_staleness is None or cfg.max_staleness >= steps_per_iteration(cfg),
@@ -448,7 +450,8 @@ def setup(cfg: Config) -> Run:
                                     max_staleness=cfg.max_staleness, steps_per_iteration=steps_per_iteration(cfg),
                                     plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,
                                     engine=EngineOptions(cfg.engine, cfg.vllm_python, dict(cfg.vllm_args or {})),
-                                    max_restarts=cfg.max_restarts, log_path=run_dir / "vllm_engine.log")
+                                    max_restarts=cfg.max_restarts, log_path=run_dir / "vllm_engine.log",
+                                    worker_gpus=cfg.worker_gpus)
     except BaseException:
         lock.release()
         raise

@@ -337,7 +337,7 @@ class RayCollector:
                  seed: int = 0, shards: int | None = None, asynchronous: bool = False, max_staleness: int = 1,
                  steps_per_iteration: int = 1, plan: Callable[[int], dict[str, Any]] | None = None,
                  start_iteration: int = 0, engine: EngineOptions | None = None, threads: int | None = None,
-                 max_restarts: int = 3, num_cpus: int | None = None) -> None:
+                 max_restarts: int = 3, num_cpus: int | None = None, worker_gpus: float = 0.0) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if asynchronous and plan is None:
@@ -360,7 +360,9 @@ class RayCollector:
         self.rollout, self.seed = rollout, int(seed)
         self.threads = threads if threads is not None else _torch_threads()
         self.engine = engine or EngineOptions()
-        self._actor_cls = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(RolloutWorker)
+        # restarts are ours, not Ray's: a restarted worker must get the weights before it collects
+        self._actor_cls = ray.remote(num_cpus=1, num_gpus=float(worker_gpus), max_restarts=0,
+                                     max_task_retries=0)(RolloutWorker)
         self._slots: list[Any] = [None] * self.workers
         self._generation = [0] * self.workers
         self._weights: tuple[int, Any] | None = None  # (version, object ref) last published
@@ -370,7 +372,7 @@ class RayCollector:
         try:
             for slot in range(self.workers):
                 self._slots[slot] = self._new_worker(slot)
-            infos = ray.get([w.info.remote() for w in self._slots])
+            infos = [self._started(slot) for slot in range(self.workers)]
         except BaseException:
             self.close()
             raise
@@ -381,6 +383,20 @@ class RayCollector:
     def _new_worker(self, slot: int) -> Any:
         return self._actor_cls.options(runtime_env=worker_runtime_env()).remote(
             self.model_files, self.rollout, seed=self.seed, threads=self.threads, engine=self.engine)
+
+    def _started(self, slot: int) -> dict[str, Any]:
+        """Wait for the worker of ``slot`` to be up; one that dies starting (not by its own
+        error) is started again, up to ``max_restarts`` times."""
+        for attempt in range(self.max_restarts + 1):
+            try:
+                return self.ray.get(self._slots[slot].info.remote())
+            except self.ray.exceptions.RayActorError as err:
+                if getattr(err, "actor_init_failed", False) or attempt == self.max_restarts:
+                    raise RuntimeError(f"rollout worker {slot} failed to start: {err}") from err
+                logger.warning("rollout worker %d died while starting (%s); starting it again", slot,
+                               type(err).__name__)
+                self._slots[slot] = self._new_worker(slot)
+        raise AssertionError("unreachable")
 
     def worker_pids(self) -> list[int]:
         """The process id of each worker slot (for fault tests and for the log)."""
@@ -438,6 +454,8 @@ class RayCollector:
                 try:
                     job.result = ray.get(ref)
                 except ray.exceptions.RayActorError as err:
+                    if getattr(err, "actor_init_failed", False):  # its __init__ raised: a restart would too
+                        raise RuntimeError(f"rollout worker {job.slot} failed to start: {err}") from err
                     if self._generation[job.slot] == job.generation:  # the slot's current worker died
                         self._restart(job.slot, err, restarts)
                     self._resubmit_lost(job.slot, [batch, *self._inflight])
@@ -544,7 +562,7 @@ def build_collector(policy: Any, model_path: str | os.PathLike, rollout: Rollout
                     max_staleness: int | None = None, steps_per_iteration: int = 1,
                     plan: Callable[[int], dict[str, Any]] | None = None, start_iteration: int = 0,
                     engine: EngineOptions | None = None, max_restarts: int = 3,
-                    log_path: str | os.PathLike | None = None) -> Any:
+                    log_path: str | os.PathLike | None = None, worker_gpus: float = 0.0) -> Any:
     """What plays a trainer's B x G episodes, from its settings (``train.py`` calls this once):
 
     - no workers, one shard, the policy's sampler: the plain :class:`~agents.runner.Runner`;
@@ -553,7 +571,8 @@ def build_collector(policy: Any, model_path: str | os.PathLike, rollout: Rollout
     - ``workers`` >= 1: a :class:`RayCollector`, synchronous or ``asynchronous``.
 
     ``max_staleness`` defaults to ``steps_per_iteration`` (records at most one iteration old);
-    ``log_path`` is where an in-process vLLM engine writes its log.
+    ``log_path`` is where an in-process vLLM engine writes its log; ``worker_gpus`` is what each
+    Ray worker reserves (Ray then sets its ``CUDA_VISIBLE_DEVICES``, which its vLLM engine inherits).
     """
     engine = engine or EngineOptions()
     if engine.engine not in ("hf", "vllm"):
@@ -564,7 +583,8 @@ def build_collector(policy: Any, model_path: str | os.PathLike, rollout: Rollout
     if workers:
         return RayCollector(policy, model_path, rollout, workers=workers, seed=seed, shards=shards,
                             asynchronous=asynchronous, max_staleness=staleness, steps_per_iteration=steps_per_iteration,
-                            plan=plan, start_iteration=start_iteration, engine=engine, max_restarts=max_restarts)
+                            plan=plan, start_iteration=start_iteration, engine=engine, max_restarts=max_restarts,
+                            worker_gpus=worker_gpus)
     if asynchronous:
         raise ValueError("asynchronous collection needs rollout workers (--rollout-workers N)")
     sampler = None
