@@ -45,15 +45,21 @@ class VLLMEngine:
         except ImportError as exc:
             raise ImportError("the vLLM engine needs vllm: pip install 'freshper[vllm]' on GPU machines, or "
                               "make vllm-venv for the CPU build (docs/scaling.md)") from exc
-        kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=int(max_model_len), seed=int(seed),
-                      enforce_eager=bool(enforce_eager), enable_prefix_caching=bool(enable_prefix_caching),
-                      logprobs_mode="processed_logprobs", generation_config="vllm", **llm_kwargs)
-        if gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
-        self.llm = LLM(**kwargs)
         from vllm.platforms import current_platform
 
         self.on_cpu = bool(current_platform.is_cpu())
+        kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=int(max_model_len), seed=int(seed),
+                      enforce_eager=bool(enforce_eager), enable_prefix_caching=bool(enable_prefix_caching),
+                      logprobs_mode="processed_logprobs", generation_config="vllm")
+        if self.on_cpu:
+            # A prompt prefilled in chunks has its first sampled token discarded and its seeded
+            # generator rewound, which CPU generators cannot do ("CPU Generator does not use
+            # offset"): a seeded batch of more prompt tokens than one step's budget failed.
+            kwargs["enable_chunked_prefill"] = False
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
         self.model_path = str(model_path)
         self.reloads = 0
 

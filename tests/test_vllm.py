@@ -92,6 +92,15 @@ def test_logprobs_are_the_projects_own(engine, policy, temperature) -> None:
     assert len({tuple(g.token_ids) for g in gens}) > len(prompts) // 2  # and each row its own stream
 
 
+def test_a_seeded_batch_larger_than_one_engine_step(engine, policy) -> None:
+    """64 prompts of ~80 tokens are more prompt tokens than vLLM schedules in one step (4096)."""
+    prompts = _prompts(policy, n=8) * 8
+    assert sum(map(len, prompts)) > 4096
+    torch.manual_seed(1)
+    gens = engine.generate(prompts, max_new_tokens=4)
+    assert len(gens) == 64 and _max_gap(policy, prompts, gens, 1.0) < 1e-4
+
+
 @pytest.mark.parametrize("context", ["window:0", "full"])
 def test_runner_records_sampled_by_vllm_pass_the_logprob_recheck(engine, policy, context) -> None:
     runner = RolloutConfig(LAKE, {}, context, group_size=2, max_new_tokens=6, max_context_tokens=1024).runner(
