@@ -83,13 +83,25 @@ def handle(engine: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def serve(sock: socket.socket, engine: Any) -> None:
-    """Answer requests until ``close`` or until the socket closes."""
+    """Answer requests until ``close`` or until the socket closes. A client that vanished
+    (killed) cannot remove its pushed weights, so on a closed socket the server removes the
+    folders they were pushed in (``freshper-vllm-*`` under /dev/shm or the temp folder)."""
+    pushed: set[str] = set()
     while True:
         request = recv_message(sock)
         if request is None or request.get("op") == "close":
             if request is not None:
                 send_message(sock, {"ok": True})
+            else:
+                import shutil
+
+                for folder in pushed:
+                    shutil.rmtree(folder, ignore_errors=True)
             return
+        if request.get("op") == "load_weights":
+            parent = os.path.dirname(os.path.abspath(request["path"]))
+            if os.path.basename(parent).startswith("freshper-vllm-"):
+                pushed.add(parent)
         try:
             reply = handle(engine, request)
         except Exception as exc:  # the client raises it; the server stays up
