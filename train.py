@@ -17,6 +17,7 @@ updates ``learner/update.py``, pretraining ``learner/pretrain.py``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -195,6 +196,26 @@ class Config:
     gifs: int = 4
     """GIFs of evaluation episodes to save for image tasks"""
 
+    # -- scale-out: rollout workers, asynchronous collection, the engine (docs/scaling.md) -------
+    rollout_workers: int = 0
+    """Ray rollout workers that play each iteration's episodes (0: this process); $RAY_ADDRESS joins a running cluster, else a local one starts"""
+    rollout_shards: int | None = None
+    """collect each iteration in this many shards of whole task groups, each with its own sampling seed, so records depend on the shards and not on which process plays them; default: one per worker (1 in process)"""
+    async_collect: bool = False
+    """asynchronous collection (also --async): workers collect the next iterations with the last published weights while the learner updates; records keep their policy version, updates are IS-corrected"""
+    max_staleness: int | None = None
+    """asynchronous collection: records more than this many optimizer steps behind the learner are dropped and re-collected (counted and logged); workers collect max_staleness // (steps per iteration) iterations ahead; default: one iteration's steps"""
+    max_restarts: int = 3
+    """rollout-worker deaths survived within one collect (a dead worker is replaced and its episodes re-collected)"""
+    worker_gpus: float = 0.0
+    """GPUs each Ray rollout worker reserves (its vLLM engine runs on them); 0: CPU workers"""
+    engine: str = "hf"
+    """sampling engine of training rollouts: 'hf' (the policy's own sampler) or 'vllm' (a vLLM engine in its own process, weights pushed after each update; text tasks)"""
+    vllm_python: str | None = None
+    """python of the environment vLLM is installed in; default $FRESHPER_VLLM_PYTHON, else .venv-vllm/bin/python, else this one"""
+    vllm_args: dict | None = None
+    """vLLM engine settings (JSON): dtype (default float32, the learner's), max_model_len (default --max-context-tokens), gpu_memory_utilization, enforce_eager, engine_args (further vllm.LLM arguments)"""
+
 
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
@@ -205,8 +226,11 @@ LOCKED_ON_RESUME = ("env_id", "env_kwargs", "context", "model", "seed", "tasks_p
 
 # -- config: CLI and YAML (the generic part is learner/cli.py) ---------------------------------
 def build_parser():
-    """``--config`` plus one documented flag per Config field."""
-    return dataclass_parser(Config, description=__doc__)
+    """``--config`` plus one documented flag per Config field (and ``--async`` for ``--async-collect``)."""
+    parser = dataclass_parser(Config, description=__doc__)
+    parser.add_argument("--async", dest="async_collect", action="store_true", default=argparse.SUPPRESS,
+                        help="same as --async-collect")
+    return parser
 
 
 def config_from_dict(values: dict[str, Any], base: Config | None = None) -> Config:
@@ -285,6 +309,13 @@ def validate(cfg: Config) -> None:
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
+        (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
+         and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),
+        (cfg.engine in ("hf", "vllm"), f"--engine must be hf|vllm, got {cfg.engine!r}"),
+        (not cfg.async_collect or cfg.rollout_workers >= 1, "--async needs rollout workers (--rollout-workers N)"),
+        (cfg.max_staleness is None or cfg.max_staleness >= steps_per_iteration(cfg),
+         f"--max-staleness must be >= the optimizer steps of one iteration ({steps_per_iteration(cfg)}: "
+         "1 + the replay updates), else every asynchronous batch would be dropped"),
     ]
     for ok, message in checks:
         if not ok:
@@ -305,6 +336,18 @@ def seed_everything(seed: int) -> None:
 def train_seeds(cfg: Config, iteration: int) -> list[int]:
     """Task seeds of one iteration: a function of the iteration counter (exact resume)."""
     return [train_seed(cfg.seed, iteration, cfg.tasks_per_iter, b) for b in range(cfg.tasks_per_iter)]
+
+
+def collect_request(cfg: Config, iteration: int) -> dict[str, Any]:
+    """What iteration ``iteration`` collects: its task seeds, sampling seed and first group id
+    (an asynchronous collector starts later iterations from this plan)."""
+    return {"seeds": train_seeds(cfg, iteration), "rng_seed": cfg.seed * 1_000_003 + iteration,
+            "group_base": iteration * cfg.tasks_per_iter}
+
+
+def steps_per_iteration(cfg: Config) -> int:
+    """Optimizer steps one iteration makes: the on-policy update and the replay updates."""
+    return 1 + (cfg.replay_ratio if cfg.replay != "none" else 0)
 
 
 class NonFiniteError(RuntimeError):
@@ -366,6 +409,7 @@ def setup(cfg: Config) -> Run:
     """Validate, then create or reopen the run folder, the start model, the run state and the
     runners. Nothing is written before every check has passed."""
     import envs
+    from agents.distributed import EngineOptions, build_collector
     from agents.policy import Policy, configure_threads
     from agents.runner import RolloutConfig, default_env_kwargs
     from learner.checkpoint import RunLock
@@ -426,10 +470,17 @@ def setup(cfg: Config) -> Run:
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         metrics = MetricsLogger(run_dir, cfg.tensorboard,
                                 resume_iteration=None if resume is None else int(manifest["iteration"]))
+        collector = build_collector(policy, model_path, rollout, seed=cfg.seed, workers=cfg.rollout_workers,
+                                    shards=cfg.rollout_shards, asynchronous=cfg.async_collect,
+                                    max_staleness=cfg.max_staleness, steps_per_iteration=steps_per_iteration(cfg),
+                                    plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,
+                                    engine=EngineOptions(cfg.engine, cfg.vllm_python, dict(cfg.vllm_args or {})),
+                                    max_restarts=cfg.max_restarts, log_path=run_dir / "vllm_engine.log",
+                                    worker_gpus=cfg.worker_gpus)
     except BaseException:
         lock.release()
         raise
-    run = Run(cfg, run_dir, policy, state, rollout.runner(policy, seed=cfg.seed),
+    run = Run(cfg, run_dir, policy, state, collector,
               rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1), metrics,
               LossConfig(loss=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                          tis_cap=cfg.tis_cap, sequence_ratio=cfg.sequence_ratio, kl_coef=cfg.kl_coef),
@@ -508,18 +559,21 @@ def iteration(run: Run) -> dict[str, Any]:
     seed_everything(cfg.seed * 1_000_003 + it)  # everything random in an iteration follows from its counter
     t0 = time.monotonic()
     # 1. collect B tasks x G rollouts with the current policy (group advantages stored)
-    records, collected = run.collector.collect(train_seeds(cfg, it), policy_version=c.global_step,
-                                               rng_seed=cfg.seed * 1_000_003 + it, group_base=it * cfg.tasks_per_iter)
+    records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
     if cfg.advantage == "gigpo":
         assign_step_advantages(records, gamma=cfg.gigpo_gamma, weight=cfg.step_weight)
     good = [r for r in records if not r.failed]
     t1 = time.monotonic()
-    # 2. one on-policy update (ratio exactly 1)
-    upd = update(run, good, np.ones(len(good)), np.zeros(len(good)), on_policy=True)
+    # 2. one update on the fresh records: on-policy (ratio exactly 1) unless asynchronous
+    # collection sampled them with older weights (then IS-corrected, with their ages)
+    ages = np.array([c.global_step - r.policy_version for r in good], dtype=np.float64)
+    upd = update(run, good, np.ones(len(good)), ages, on_policy=not ages.any())
     t2 = time.monotonic()
-    # 3. add the records to the buffer, 4. K replay updates on prioritized batches
+    # 3. add the records to the buffer (at the step they were sampled), 4. K replay updates
     if buffer is not None and good:
-        buffer.add(good, base_priorities(cfg, good), step=c.global_step)
+        for version in sorted({r.policy_version for r in good}):
+            part = [r for r in good if r.policy_version == version]
+            buffer.add(part, base_priorities(cfg, part), step=version)
     c.global_step += int(not upd["skipped"])
     t_buffer = time.monotonic()
     replays = []
@@ -530,6 +584,9 @@ def iteration(run: Run) -> dict[str, Any]:
         if run.state.tau_controller is not None and run.state.tau_controller.observe(replays[-1].get("drift_per_step")):
             buffer.set_tau(run.state.tau_controller.tau)
     t3 = time.monotonic()
+    publish = getattr(run.collector, "publish", None)  # rollout workers / engines take the new weights
+    if publish is not None:
+        publish(c.global_step)
     check_nonfinite(run, [upd, *replays], it)
     c.iteration += 1
     c.episodes += len(records)
@@ -570,6 +627,7 @@ def log_row(run: Run, records: list, collected: dict[str, float], upd: dict[str,
         "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_buffer_s": t_buffer - t2,
         "time_replay_s": t3 - t_buffer,
         "time_total_s": c.rl_seconds, "tokens_per_s": upd.get("seq_tokens", 0.0) / max(t2 - t1, 1e-9),
+        **collected.get("log", {}),  # distributed collection: worker restarts, stale drops, staleness
     }
     if replays:
         for k in sorted({k for st in replays for k in st if isinstance(st[k], float)}):

@@ -138,12 +138,13 @@ class Trajectory:
         return cls(images=images, **meta)
 
     def to_bytes(self) -> bytes:
-        """One self-contained blob: a zip of ``meta.json`` and PNG images (no pickle)."""
+        """One self-contained blob: a zip of ``meta.json`` and PNG images (no pickle). The zip
+        entries carry a fixed date, so equal records give equal bytes."""
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-            zf.writestr("meta.json", json.dumps(self._meta()))
+            zf.writestr(_entry("meta.json"), json.dumps(self._meta()))
             for k, img in enumerate(self.images):
-                zf.writestr(f"image_{k}.png", _png_bytes(img))
+                zf.writestr(_entry(f"image_{k}.png"), _png_bytes(img))
         return buf.getvalue()
 
     @classmethod
@@ -157,6 +158,11 @@ class Trajectory:
             return cls._from_meta(meta, images)
         except (zipfile.BadZipFile, KeyError, TypeError, ValueError, RecursionError, OSError) as exc:
             raise ValueError(f"corrupt trajectory blob: {exc}") from exc
+
+
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A zip entry dated 1980-01-01 (zip's epoch) instead of now."""
+    return zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
 
 
 def _png_bytes(img: np.ndarray) -> bytes:

@@ -19,18 +19,28 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from agents.policy import Policy
-from agents.record import Sample, Trajectory, Turn, assign_group_advantages, episode_stats
+from agents.record import Generation, Sample, Trajectory, Turn, assign_group_advantages, episode_stats
 from agents.sampling import TurnKVCache
 
 logger = logging.getLogger(__name__)
 
 ReplyFn = Callable[[dict, dict, Any], str]
+
+
+class Sampler(Protocol):
+    """What generates the replies of a turn: :meth:`agents.policy.Policy.generate`'s contract
+    (prompt ids in; sampled ids, behaviour log-probs and whether EOS ended them out). The
+    policy itself is the default; :class:`agents.vllm_client.VLLMSampler` is another."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], images: Sequence[Sequence[np.ndarray]] | None = None, *,
+                 max_new_tokens: int = 32, temperature: float = 1.0, greedy: bool = False,
+                 turn_cache: TurnKVCache | None = None) -> list[Generation]: ...
 
 
 def parse_context(context: str) -> int | None:
@@ -81,12 +91,14 @@ class RolloutConfig:
     temperature: float = 1.0
     max_context_tokens: int = 2048
 
-    def runner(self, policy: Policy, *, seed: int = 0, group_size: int | None = None) -> "Runner":
-        """A runner playing these settings (``group_size`` overrides G, e.g. 1 for evaluation)."""
+    def runner(self, policy: Policy, *, seed: int = 0, group_size: int | None = None,
+               sampler: Sampler | None = None) -> "Runner":
+        """A runner playing these settings (``group_size`` overrides G, e.g. 1 for evaluation;
+        ``sampler`` generates instead of the policy, e.g. a vLLM engine)."""
         cfg = self if group_size is None else replace(self, group_size=group_size)
         return Runner(policy, cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=cfg.group_size, context=cfg.context,
                       max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                      max_context_tokens=cfg.max_context_tokens, seed=seed)
+                      max_context_tokens=cfg.max_context_tokens, seed=seed, sampler=sampler)
 
 
 def before_batch_step(envs: Sequence[Any], replies: Sequence[str]) -> None:
@@ -144,10 +156,14 @@ class Runner:
         temperature: float = 1.0,
         max_context_tokens: int = 2048,
         seed: int = 0,
+        sampler: Sampler | None = None,
     ) -> None:
         import envs  # noqa: F401  (registers the tasks)
 
         self.policy = policy
+        #: What generates replies: the policy, or an engine with its contract (e.g. vLLM); the
+        #: policy still renders prompts and decodes replies.
+        self.sampler: Sampler = policy if sampler is None else sampler
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.group_size = int(group_size)
@@ -276,7 +292,7 @@ class Runner:
                 else:
                     timers["tokenization_s"] += time.perf_counter() - t0
                     t0 = time.perf_counter()
-                    gens = self.policy.generate(
+                    gens = self.sampler.generate(
                         prompts,
                         [[ep.images[k] for k in imgs] for ep, imgs in zip(batch, prompt_imgs)],
                         max_new_tokens=self.max_new_tokens,

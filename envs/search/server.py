@@ -12,6 +12,8 @@ missing, null or 0 ``topk`` means the server's default. Bad requests get a 4xx a
 ``{"error": "..."}``: 411 no length, 413 body too large, 400 malformed JSON (nesting too deep
 included) or wrong types, 408 a client that stalls mid-body, 404 unknown path. SIGTERM and
 SIGINT stop it cleanly: it stops accepting connections, closes its socket and exits with 0.
+``--latency-ms`` makes every ``/retrieve`` wait that long first: a remote or loaded retrieval
+service, simulated on loopback (``benchmarks/scale_bench.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -163,6 +166,9 @@ class RetrievalHandler(BaseHTTPRequestHandler):
             except RecursionError:
                 raise BadRequest(400, "the body's JSON is nested too deeply") from None
             queries, topk, return_scores = validate(body, self.server.limits)
+            self.server.count_request()
+            if self.server.latency > 0:  # an injected service time (benchmarks, fault tests)
+                time.sleep(self.server.latency)
             hits = self.server.retriever.search(queries, topk) if queries else []
         except BadRequest as err:
             self._send(err.status, {"error": str(err)})
@@ -186,10 +192,20 @@ class RetrievalServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], retriever: Retriever, limits: Limits | None = None) -> None:
+    def __init__(self, address: tuple[str, int], retriever: Retriever, limits: Limits | None = None, *,
+                 latency: float = 0.0) -> None:
         self.retriever = retriever
         self.limits = limits or Limits()
+        #: Seconds each /retrieve request waits before it is answered: a slower service, simulated.
+        self.latency = float(latency)
+        #: Valid /retrieve requests received so far.
+        self.requests = 0
+        self._count_lock = threading.Lock()
         super().__init__(address, RetrievalHandler)
+
+    def count_request(self) -> None:
+        with self._count_lock:
+            self.requests += 1
 
     @property
     def url(self) -> str:
@@ -198,7 +214,7 @@ class RetrievalServer(ThreadingHTTPServer):
 
 
 def serve(corpus: str | Path | None, host: str, port: int, *, topk: int = 3,
-          cache_dir: str | Path | None = None, ready_message: bool = True) -> None:
+          cache_dir: str | Path | None = None, ready_message: bool = True, latency: float = 0.0) -> None:
     """Build (or load) the index, serve until SIGTERM/SIGINT, then shut down cleanly."""
     if corpus is None:
         from envs.search.kb import default_paths
@@ -206,7 +222,7 @@ def serve(corpus: str | Path | None, host: str, port: int, *, topk: int = 3,
         corpus = default_paths()["corpus"]
     limits = Limits(default_topk=topk)  # checked before the (possibly long) index build
     retriever = BM25Retriever(corpus, cache_dir=cache_dir)
-    server = RetrievalServer((host, port), retriever, limits)
+    server = RetrievalServer((host, port), retriever, limits, latency=latency)
 
     def stop(signum: int, _frame: Any) -> None:
         logger.info("signal %d: shutting down", signum)
@@ -230,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     parser.add_argument("--topk", type=int, default=3, help="top-k when a request gives none")
     parser.add_argument("--cache-dir", help="where BM25 indices are cached")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="wait this long before answering each /retrieve request (simulates a slower service)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     max_topk = Limits.max_topk
@@ -238,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bm25s").setLevel(max(logging.WARNING, logging.getLogger().level))
-    serve(args.corpus, args.host, args.port, topk=args.topk, cache_dir=args.cache_dir)
+    serve(args.corpus, args.host, args.port, topk=args.topk, cache_dir=args.cache_dir, latency=args.latency_ms / 1000)
     return 0
 
 

@@ -1,0 +1,202 @@
+"""The vLLM engine, for real, on CPU (``make test-vllm``: builds ``.venv-vllm`` with the CPU build
+of vLLM and sets ``FRESHPER_VLLM_PYTHON``; skipped otherwise).
+
+- its behaviour log-probs are the project's own (``Policy.token_logprobs``) within 1e-4 at T = 1
+  and T = 0.7, in records played by the runner (window and full context) too;
+- after a weight push, generations and log-probs follow the new weights (the prefix cache,
+  filled with the old weights' KV for the same prompts, is not reused), EOS ends replies;
+- ``train.py --engine vllm`` trains and its records pass the on-policy re-check; a Ray rollout
+  worker can sample with its own vLLM engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+VLLM_PYTHON = os.environ.get("FRESHPER_VLLM_PYTHON")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with make test-vllm "
+                                                      "(FRESHPER_VLLM_PYTHON names the vLLM environment's python)")
+
+from agents.policy import Policy  # noqa: E402
+from agents.record import Sample  # noqa: E402
+from agents.runner import RolloutConfig  # noqa: E402
+from agents.tiny import build_tiny_model  # noqa: E402
+
+LAKE = "freshper/FrozenLake-v0"
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    torch.set_num_threads(1)
+    return build_tiny_model("text")
+
+
+@pytest.fixture(scope="module")
+def policy(model_path) -> Policy:
+    return Policy.from_pretrained(model_path)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path, policy):
+    from agents.vllm_client import VLLMSampler
+
+    sampler = VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, max_model_len=1024)
+    yield sampler
+    sampler.close()
+
+
+def _prompts(policy: Policy, n: int = 6, repeat: int = 1) -> list[list[int]]:
+    """Turn-1 prompts of FrozenLake maps (instructions + board), as the runner renders them;
+    ``repeat`` > 1 repeats the text (long prompts fill whole KV blocks, which prefix caching keeps)."""
+    import envs
+
+    env = envs.make(LAKE)
+    out = []
+    for seed in range(n):
+        obs, _ = env.reset(seed=seed)
+        out.append(policy.chat.first_message("\n".join([obs["text"]] * repeat), []))
+    env.close()
+    return out
+
+
+def _max_gap(policy: Policy, prompts, gens, temperature: float) -> float:
+    samples = [Sample(list(p) + g.token_ids, [0] * len(p) + [1] * len(g.token_ids), [0.0] * len(p) + g.logprobs)
+               for p, g in zip(prompts, gens)]
+    with torch.no_grad():
+        lp = policy.token_logprobs(samples, temperature=temperature).numpy()
+    gap = 0.0
+    for s, row in zip(samples, lp):
+        m = s.loss_mask.astype(bool)
+        gap = max(gap, float(np.abs(row[: len(m)][m] - s.behavior_logprobs[m]).max()))
+    return gap
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_the_projects_own(engine, policy, temperature) -> None:
+    prompts = _prompts(policy) * 2
+    torch.manual_seed(0)
+    gens = engine.generate(prompts, max_new_tokens=12, temperature=temperature)
+    eos = policy.eos_token_id
+    assert all(g.finished == (g.token_ids[-1] == eos) and (g.finished or len(g.token_ids) == 12) for g in gens)
+    assert all(eos not in g.token_ids[:-1] for g in gens)  # a reply stops at its first EOS
+    assert _max_gap(policy, prompts, gens, temperature) < 1e-4
+    torch.manual_seed(0)
+    again = engine.generate(prompts, max_new_tokens=12, temperature=temperature)
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]  # seeded by the caller's RNG
+    assert len({tuple(g.token_ids) for g in gens}) > len(prompts) // 2  # and each row its own stream
+
+
+def test_a_seeded_batch_larger_than_one_engine_step(engine, policy) -> None:
+    """64 prompts of ~80 tokens are more prompt tokens than vLLM schedules in one step (4096)."""
+    prompts = _prompts(policy, n=8) * 8
+    assert sum(map(len, prompts)) > 4096
+    torch.manual_seed(1)
+    gens = engine.generate(prompts, max_new_tokens=4)
+    assert len(gens) == 64 and _max_gap(policy, prompts, gens, 1.0) < 1e-4
+
+
+@pytest.mark.parametrize("context", ["window:0", "full"])
+def test_runner_records_sampled_by_vllm_pass_the_logprob_recheck(engine, policy, context) -> None:
+    runner = RolloutConfig(LAKE, {}, context, group_size=2, max_new_tokens=6, max_context_tokens=1024).runner(
+        policy, seed=0, sampler=engine)
+    records, stats = runner.collect([3, 4], policy_version=0, rng_seed=1)
+    runner.close()
+    assert stats["episodes"] == 4 and sum(r.num_turns for r in records) > 4
+    samples = [s for r in records for s in r.samples]
+    with torch.no_grad():
+        lp = policy.token_logprobs(samples).numpy()
+    for s, row in zip(samples, lp):
+        m = s.loss_mask.astype(bool)
+        assert np.abs(row[: len(m)][m] - s.behavior_logprobs[m]).max() < 1e-4
+
+
+def _trained_to_answer_up(model_path: Path, prompts) -> Policy:
+    """The tiny model after supervised steps towards ``<answer>Up</answer>`` + EOS on these prompts."""
+    trained = Policy.from_pretrained(model_path)
+    reply = trained.encode_reply("<answer>Up</answer>")
+    opt = torch.optim.Adam(trained.model.parameters(), lr=3e-3)
+    trained.model.train()
+    for _ in range(30):
+        for p in prompts:
+            ids = torch.tensor([list(p) + reply])
+            loss = trained.model(input_ids=ids, labels=torch.tensor([[-100] * len(p) + reply])).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    trained.model.eval()
+    return trained
+
+
+def test_a_weight_push_is_followed_with_no_stale_prefix_cache(engine, policy, model_path) -> None:
+    prompts = _prompts(policy, repeat=5)
+    assert min(map(len, prompts)) > 2 * 128  # two whole KV blocks of vLLM's CPU build (block size 128)
+    before = engine.generate(prompts, max_new_tokens=8, greedy=True)  # fills the prefix cache with these prompts
+    assert _max_gap(policy, prompts, before, 1.0) < 1e-4
+    trained = _trained_to_answer_up(model_path, prompts)
+    want = trained.generate(prompts, max_new_tokens=8, greedy=True)
+    assert all(g.finished for g in want)  # the trained policy answers and stops
+    engine.push_weights(trained.model, version=1)
+    after = engine.generate(prompts, max_new_tokens=8, greedy=True)
+    assert [g.token_ids for g in after] == [g.token_ids for g in want] != [g.token_ids for g in before]
+    assert all(g.finished and g.token_ids[-1] == policy.eos_token_id for g in after)
+    assert _max_gap(trained, prompts, after, 1.0) < 1e-4  # the new weights' log-probs, not the cached KV's
+    torch.manual_seed(3)
+    sampled = engine.generate(prompts, max_new_tokens=8, temperature=0.7)
+    assert _max_gap(trained, prompts, sampled, 0.7) < 1e-4
+    engine.push_weights(policy.model, version=2)  # and back
+    again = engine.generate(prompts, max_new_tokens=8, greedy=True)
+    assert [g.token_ids for g in again] == [g.token_ids for g in before]
+    assert _max_gap(policy, prompts, again, 1.0) < 1e-4
+    assert engine.info()["reloads"] == 2
+
+
+def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(tmp_path) -> None:
+    import train
+    from learner.report import read_metrics
+
+    argv = ["--runs-root", str(tmp_path), "--run-name", "v", "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
+            "--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
+            "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
+            "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--lr", "1e-2"]
+    assert train.main(argv) == 0
+    rows = [r for r in read_metrics(tmp_path / "v" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(rows) == 3 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in rows)
+    # every on-policy update recomputes the sampled tokens' log-probs with the learner's weights:
+    # vLLM sampled them from exactly those weights (pushed after each update)
+    assert all(r["behavior_logprob_gap"] < 1e-4 for r in rows)
+    assert (tmp_path / "v" / "vllm_engine.log").stat().st_size > 0
+
+
+def test_a_ray_worker_samples_with_its_own_vllm_engine(model_path) -> None:
+    ray = pytest.importorskip("ray")
+    from agents.distributed import EngineOptions, RayCollector, ray_init
+
+    learner = Policy.from_pretrained(model_path)
+    rollout = RolloutConfig(LAKE, {"feedback": False}, "window:0", group_size=2, max_new_tokens=6,
+                            max_context_tokens=1024)
+    started = ray_init(num_cpus=2, object_store_memory=256 * 2**20)
+    collector = RayCollector(learner, model_path, rollout, workers=1, seed=0,
+                             engine=EngineOptions("vllm", VLLM_PYTHON, {}))
+    try:
+        for version in (0, 1):
+            records, _ = collector.collect([7, 8], policy_version=version, rng_seed=2, group_base=0)
+            assert {r.policy_version for r in records} == {version}
+            samples = [s for r in records for s in r.samples]
+            with torch.no_grad():
+                lp = learner.token_logprobs(samples).numpy()
+            for s, row in zip(samples, lp):
+                m = s.loss_mask.astype(bool)
+                assert np.abs(row[: len(m)][m] - s.behavior_logprobs[m]).max() < 1e-4
+            with torch.no_grad():  # an update: the next collect must sample from the new weights
+                for p in learner.model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+    finally:
+        collector.close()
+        if started:
+            ray.shutdown()
