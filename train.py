@@ -559,7 +559,11 @@ def iteration(run: Run) -> dict[str, Any]:
     seed_everything(cfg.seed * 1_000_003 + it)  # everything random in an iteration follows from its counter
     t0 = time.monotonic()
     # 1. collect B tasks x G rollouts with the current policy (group advantages stored)
-    records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
+    try:
+        records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
+    except FloatingPointError as exc:
+        raise NonFiniteError(f"{exc} at iteration {it}: the updates made the policy's outputs not finite; lower --lr. "
+                             f"The checkpoints in {run.dir / 'checkpoints'} are intact") from exc
     if cfg.advantage == "gigpo":
         assign_step_advantages(records, gamma=cfg.gigpo_gamma, weight=cfg.step_weight)
     good = [r for r in records if not r.failed]
@@ -764,7 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)  # process-wide: restored on return
     try:
         train(cfg)
-    except (NonFiniteError, CheckpointError, FileExistsError, ValueError) as exc:
+    except (NonFiniteError, CheckpointError, FileExistsError, ValueError, FloatingPointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:

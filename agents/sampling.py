@@ -268,6 +268,8 @@ def decode_rows(
     row = torch.arange(n, device=device)  # batch row -> prompt index
     for step in range(max_new_tokens):
         logp = policy.sampling_logprobs(logits, temperature)
+        if not bool(torch.isfinite(logp).any(-1).all()):
+            raise FloatingPointError("the policy's next-token distribution is not finite (are its weights finite?)")
         tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
         tokens[row, step] = tok
         lps[row, step] = logp.gather(-1, tok[:, None]).squeeze(-1)

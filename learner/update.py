@@ -64,6 +64,9 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise FloatingPointError("an update made the policy's weights not finite (the learning rate is far too high: "
+                                 "lower --lr); the last checkpoint holds the weights before it")
     out: dict[str, Any] = stats.summary()
     drift = stats.drift_rate()
     if drift is not None:

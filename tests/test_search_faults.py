@@ -261,6 +261,19 @@ def test_a_truncated_file_in_the_index_cache_is_rebuilt(tmp_path: Path, search_c
         files = sorted(p for p in folder.iterdir() if p.is_file())  # the rebuilt cache
 
 
+def test_an_intact_index_cache_is_reused_not_rebuilt(tmp_path: Path, caplog) -> None:
+    from envs.search import kb
+
+    corpus = kb.default_paths()["corpus"]
+    BM25Retriever(corpus, cache_dir=tmp_path)  # builds and caches
+    (folder,) = list(tmp_path.iterdir())
+    stamp = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    with caplog.at_level("INFO", logger="envs.search.retriever"):
+        BM25Retriever(corpus, cache_dir=tmp_path)
+    assert "damaged" not in caplog.text and "built BM25 index" not in caplog.text
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamp
+
+
 def test_429_and_5xx_are_retried_and_other_4xx_fail_at_once() -> None:
     calls = {"n": 0}
     good = json.dumps({"result": [[_doc(0, title="Found")]]}).encode()

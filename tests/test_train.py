@@ -194,9 +194,18 @@ def test_image_task_trains_end_to_end_with_replay(tmp_path: Path) -> None:
     assert summary["iterations"] == 2
 
 
-def test_repeated_nonfinite_updates_stop_the_run_and_keep_the_checkpoint(tmp_path: Path) -> None:
-    # kl_coef = inf: the KL to the (identical) reference is exactly 0 and inf * 0 is NaN, every update.
-    cfg = tiny_config(tmp_path, run_name="nan", iterations=5, kl_coef=math.inf, max_nonfinite=2, replay="none")
+def test_repeated_nonfinite_updates_stop_the_run_and_keep_the_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    # A loss that is NaN on every update (valid settings cannot cause it, so it is injected).
+    import learner.update
+
+    real = learner.update.grpo_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(learner.update, "grpo_loss", nan_loss)
+    cfg = tiny_config(tmp_path, run_name="nan", iterations=5, max_nonfinite=2, replay="none")
     with pytest.raises(train.NonFiniteError, match="consecutive"):
         train.train(cfg)
     ckpts = list_checkpoints(tmp_path / "nan" / "checkpoints")
@@ -319,3 +328,13 @@ def test_yaml_values_of_the_wrong_type_are_refused_naming_the_flag(tmp_path: Pat
             train.parse_config(["--config", str(path)])
     path.write_text("lr: 1\neval_both: false\n")  # an int where a float is wanted is fine
     assert train.parse_config(["--config", str(path)]).lr == 1.0
+
+
+def test_a_learning_rate_that_blows_the_weights_up_stops_the_run_cleanly(tmp_path: Path, capsys) -> None:
+    args = ["--runs-root", str(tmp_path), "--run-name", "big", "--iterations", "3", "--lr", "1e30", "--tasks-per-iter", "2",
+            "--group-size", "4", "--pretrain-steps", "15", "--pretrain-batch", "16", "--pretrain-lr", "3e-3", "--eval-every", "0",
+            "--final-eval-episodes", "2", "--no-progress", "--no-tensorboard", "--threads", "1"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "not finite" in err and "--lr" in err
+    verify_checkpoint(list_checkpoints(tmp_path / "big" / "checkpoints")[-1])

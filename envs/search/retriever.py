@@ -144,8 +144,9 @@ class BM25Retriever:
             index = bm25s.BM25.load(str(path), show_progress=False)
             num_docs = int(index.scores["num_docs"])
             vocab = index.vocab_dict
-            if num_docs != len(self.passages) or not isinstance(vocab, dict) or \
-                    len(index.scores["indptr"]) != len(vocab) + 1:
+            # one pointer per term plus one; bm25s counts the empty token in the vocabulary or not
+            pointers = len(index.scores["indptr"])
+            if num_docs != len(self.passages) or not isinstance(vocab, dict) or not len(vocab) <= pointers <= len(vocab) + 1:
                 raise ValueError(f"it holds {num_docs} documents and {len(vocab)} terms for a corpus of "
                                  f"{len(self.passages)} passages")
             logger.debug("loaded BM25 index %s", path)
