@@ -559,11 +559,7 @@ def iteration(run: Run) -> dict[str, Any]:
     seed_everything(cfg.seed * 1_000_003 + it)  # everything random in an iteration follows from its counter
     t0 = time.monotonic()
     # 1. collect B tasks x G rollouts with the current policy (group advantages stored)
-    try:
-        records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
-    except FloatingPointError as exc:
-        raise NonFiniteError(f"{exc} at iteration {it}: the updates made the policy's outputs not finite; lower --lr. "
-                             f"The checkpoints in {run.dir / 'checkpoints'} are intact") from exc
+    records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
     if cfg.advantage == "gigpo":
         assign_step_advantages(records, gamma=cfg.gigpo_gamma, weight=cfg.step_weight)
     good = [r for r in records if not r.failed]
@@ -702,6 +698,9 @@ def train(cfg: Config) -> dict[str, Any]:
             print(f"resumed from {run.resumed_from} at iteration {run.state.counters.iteration}")
         loop(run)
         return finish(run)
+    except FloatingPointError as exc:  # weights or outputs that are no longer finite
+        raise NonFiniteError(f"{exc}; at iteration {run.state.counters.iteration} the updates had made the policy "
+                             f"not finite: lower --lr. The checkpoints in {run.dir / 'checkpoints'} are intact") from exc
     finally:
         run.close()
 
