@@ -1,0 +1,90 @@
+"""How fast the embedded model learns a task's dynamics: held-out curves of its pretraining.
+
+    python benchmarks/pretrain_curve.py --env-id freshper/FrozenLake-v0 --steps 400 --every 50
+    python benchmarks/pretrain_curve.py --env-id freshper/FrozenLakeVision-v0 --steps 1200 --every 100
+
+Pretrains the embedded tiny model of the task's modality with ``learner.pretrain`` (the recipe
+``train.py`` uses; ``--batch``, ``--lr``, ``--dynamics`` change it) and every ``--every`` steps
+measures, on 64 held-out transitions from other tasks: the per-token negative log-likelihood of
+dynamics and format targets, and how often greedy decoding writes the dynamics target exactly
+(the next board, or how the episode ended): a direct measure of whether the model reads the
+state it is shown. Prints one table row per measurement; ``--json PATH`` also writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env-id", default="freshper/FrozenLake-v0")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--dynamics", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    import envs
+    from agents.policy import Policy
+    from agents.runner import default_env_kwargs
+    from agents.tiny import build_tiny_model
+    from learner.pretrain import PretrainConfig, TransitionStreams, encode, pretrain
+    from learner.update import nll_per_sample
+
+    modality = envs.task_spec(args.env_id).modality
+    kwargs = default_env_kwargs(args.env_id, "window:0")
+    policy = Policy.from_pretrained(build_tiny_model(modality, seed=args.seed))
+    vision = policy.is_vision
+    held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_729, 1.0, vision)
+    dyn = held.examples()
+    held.close()
+    held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_730, 0.0, vision)
+    fmt = held.examples()
+    held.close()
+    dyn_s, dyn_i = encode(policy, dyn)
+    fmt_s, fmt_i = encode(policy, fmt)
+    longest = max(len(policy.encode_reply(ex.reply)) for ex in dyn) + 2
+    rows: list[dict] = []
+    start = time.monotonic()
+
+    def measure(step: int) -> None:
+        gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in dyn], [ex.images for ex in dyn],
+                               max_new_tokens=longest, greedy=True)
+        exact = np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, dyn)])
+        row = {"step": step, "seconds": round(time.monotonic() - start, 1),
+               "dynamics_nll": float(nll_per_sample(policy, dyn_s, dyn_i).mean()),
+               "format_nll": float(nll_per_sample(policy, fmt_s, fmt_i).mean()), "dynamics_exact": float(exact)}
+        rows.append(row)
+        print(f"{row['step']:>6} {row['seconds']:>8} {row['dynamics_nll']:>12.3f} {row['format_nll']:>10.3f} "
+              f"{row['dynamics_exact']:>14.2f}", flush=True)
+
+    print(f"{args.env_id}: batch {args.batch}, lr {args.lr}, dynamics share {args.dynamics}")
+    print(f"{'step':>6} {'seconds':>8} {'dynamics nll':>12} {'format nll':>10} {'next state exact':>14}")
+    measure(0)
+    torch.manual_seed(args.seed)
+    pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
+                                                         dynamics_fraction=args.dynamics), seed=args.seed,
+             on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
