@@ -97,6 +97,8 @@ class Config:
     """Adam learning rate of pretraining"""
     pretrain_dynamics: float = 0.5
     """share of dynamics examples (state + move -> what it leads to); the rest are random well-formed replies; 0: a format-only warm-up"""
+    pretrain_observe: float = 0.0
+    """share of observation examples (the state as shown -> the state as text), taken from the dynamics share: perception alone, for image tasks"""
     pretrain_seconds: float | None = None
     """stop pretraining after this many seconds (a capped pretraining is not cached)"""
 
@@ -219,7 +221,7 @@ class Config:
 
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
-                    "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_seconds",
+                    "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
                     "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
 
@@ -286,6 +288,7 @@ def validate(cfg: Config) -> None:
         (math.isfinite(cfg.lr) and cfg.lr > 0, f"--lr must be a positive number, got {cfg.lr}"),
         (cfg.pretrain_steps is None or cfg.pretrain_steps >= 0, "--pretrain-steps must be >= 0"),
         (0.0 <= cfg.pretrain_dynamics <= 1.0, "--pretrain-dynamics must be in [0, 1]"),
+        (0.0 <= cfg.pretrain_observe <= cfg.pretrain_dynamics, "--pretrain-observe must be in [0, --pretrain-dynamics]"),
         (cfg.iterations is None or cfg.iterations >= 1, "--iterations must be >= 1"),
         (cfg.time_budget is None or (math.isfinite(cfg.time_budget) and cfg.time_budget > 0), "--time-budget must be > 0 seconds"),
         (cfg.replay == "none" or cfg.replay_batch is None or 1 <= cfg.replay_batch <= cfg.buffer_capacity,
@@ -497,7 +500,8 @@ def pretrain_config(cfg: Config):
     from learner.pretrain import PretrainConfig
 
     return PretrainConfig(steps=400 if cfg.pretrain_steps is None else cfg.pretrain_steps, batch=cfg.pretrain_batch,
-                          lr=cfg.pretrain_lr, dynamics_fraction=cfg.pretrain_dynamics, max_grad_norm=cfg.max_grad_norm,
+                          lr=cfg.pretrain_lr, dynamics_fraction=cfg.pretrain_dynamics, observe_fraction=cfg.pretrain_observe,
+                          max_grad_norm=cfg.max_grad_norm,
                           seconds=cfg.pretrain_seconds)
 
 

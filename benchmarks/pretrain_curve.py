@@ -33,6 +33,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--dynamics", type=float, default=0.5)
+    parser.add_argument("--observe", type=float, default=0.0, help="share of observation examples (within --dynamics)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
@@ -74,12 +75,13 @@ def main() -> int:
         print(f"{row['step']:>6} {row['seconds']:>8} {row['dynamics_nll']:>12.3f} {row['format_nll']:>10.3f} "
               f"{row['dynamics_exact']:>14.2f}", flush=True)
 
-    print(f"{args.env_id}: batch {args.batch}, lr {args.lr}, dynamics share {args.dynamics}")
+    print(f"{args.env_id}: batch {args.batch}, lr {args.lr}, dynamics share {args.dynamics}, observation share {args.observe}")
     print(f"{'step':>6} {'seconds':>8} {'dynamics nll':>12} {'format nll':>10} {'next state exact':>14}")
     measure(0)
     torch.manual_seed(args.seed)
     pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
-                                                         dynamics_fraction=args.dynamics), seed=args.seed,
+                                                         dynamics_fraction=args.dynamics, observe_fraction=args.observe),
+             seed=args.seed,
              on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")

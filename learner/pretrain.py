@@ -66,6 +66,9 @@ class PretrainConfig:
     """Adam learning rate"""
     dynamics_fraction: float = 0.5
     """share of dynamics examples (the rest are format examples); 0: a format-only warm-up"""
+    observe_fraction: float = 0.0
+    """share of observation examples (the state shown -> the state in the task's text notation),
+    taken from the dynamics share: pure perception, useful where the state is an image"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     seconds: float | None = None
@@ -76,6 +79,8 @@ class PretrainConfig:
             raise ValueError("pretraining steps must be >= 0 and batch >= 1")
         if not 0.0 <= self.dynamics_fraction <= 1.0:
             raise ValueError(f"dynamics_fraction must be in [0, 1], got {self.dynamics_fraction}")
+        if not 0.0 <= self.observe_fraction <= self.dynamics_fraction:
+            raise ValueError(f"observe_fraction must be in [0, dynamics_fraction], got {self.observe_fraction}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"pretraining lr must be a positive number, got {self.lr}")
 
@@ -108,13 +113,14 @@ class TransitionStreams:
     """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int,
-                 dynamics_fraction: float, with_images: bool) -> None:
+                 dynamics_fraction: float, with_images: bool, observe_fraction: float = 0.0) -> None:
         from envs.registry import make
 
         self.envs = [make(env_id, **dict(env_kwargs or {})) for _ in range(n)]
         self.rng = np.random.default_rng(pretrain_seed(seed, 0))
         self.seed = seed
         self.dynamics_fraction = dynamics_fraction
+        self.observe_fraction = observe_fraction
         self.with_images = with_images
         self._episodes = 0
         self._state: list[tuple[dict, str, bool] | None] = [None] * n  # (obs, instructions, first turn)
@@ -143,10 +149,17 @@ class TransitionStreams:
             task = env.unwrapped
             text, images = self._prompt(obs, instructions, first)
             reply = task.sample_reply(self.rng)
-            dynamics = self.rng.random() < self.dynamics_fraction
+            draw = self.rng.random()
+            dynamics = draw < self.dynamics_fraction
+            if draw < self.observe_fraction:  # the state as shown -> the state in text (perception alone)
+                out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
+                                   "observe"))
+                dynamics = False
             action = task.describe_action(reply)
             nxt, _, terminated, truncated, info = env.step(reply)
-            if dynamics:
+            if draw < self.observe_fraction:
+                pass
+            elif dynamics:
                 outcome = task.outcome_text(bool(terminated), bool(info.get("success", False)))
                 out.append(Example(f"{text}\nMove: {action}", images, f"<answer>{outcome}</answer>", "dynamics"))
             else:
@@ -178,8 +191,10 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
     per kind at the start and end on held-out examples, seconds)."""
     from tqdm.auto import tqdm
 
-    streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision)
-    held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision)
+    streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
+                                cfg.observe_fraction)
+    held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision,
+                             cfg.observe_fraction)
     try:
         held_examples = held.examples() + held.examples()
     finally:
@@ -189,7 +204,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
-        return {f"{k}_nll": float(nll[kinds == k].mean()) for k in ("dynamics", "format") if (kinds == k).any()}
+        return {f"{k}_nll": float(nll[kinds == k].mean()) for k in ("dynamics", "observe", "format") if (kinds == k).any()}
 
     before = held_losses()
     optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
@@ -226,7 +241,10 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
 
 def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig,
               seed: int) -> str:
-    blob = json.dumps([PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, dataclasses.asdict(cfg), seed],
+    recipe = dataclasses.asdict(cfg)
+    if not recipe["observe_fraction"]:  # the recipe before observation examples existed: same models, same keys
+        del recipe["observe_fraction"]
+    blob = json.dumps([PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed],
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
