@@ -13,6 +13,7 @@ rebuilds the tokenizer instead of silently reusing a stale one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -79,6 +80,21 @@ class cache_lock:
 
         fcntl.flock(self._fh, fcntl.LOCK_UN)
         self._fh.close()
+
+
+@contextlib.contextmanager
+def staged_folder(root: Path, prefix: str, target: Path):
+    """A temporary folder under ``root`` to build a cached folder in; on success it replaces
+    ``target`` in one rename (a crash never leaves a half-written ``target``), on failure it goes."""
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=prefix))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def default_cache_dir() -> Path:
@@ -265,8 +281,7 @@ def build_tiny_model(
 
 
 def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_size: int, root: Path) -> Path:
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tiny-{modality}-"))
-    try:
+    with staged_folder(root, f".tiny-{modality}-", target) as tmp:
         tokenizer = _train_tokenizer(corpus, vocab_size)
         if modality == "text":
             model = _text_model(tokenizer, seed)
@@ -284,11 +299,5 @@ def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_
             json.dumps({"modality": modality, "seed": seed, "key": key, "parameters": n_params,
                         "vocab_size": len(tokenizer)})
         )
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     logger.info("built tiny %s model (%d parameters) at %s", modality, n_params, target)
     return target

@@ -136,12 +136,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     first_logits = first_logits.index_select(0, torch.as_tensor(inverse, device=device))  # [B, V]
 
     # 3. the replies, on the prompts' caches gathered per sample, at their true positions
-    slen = [len(x) - p for x, p in zip(ids, plen)]
-    s_max = max(slen)
-    suffix = torch.full((b, s_max), policy.pad_token_id, dtype=torch.long)
-    for i, (x, p) in enumerate(zip(ids, plen)):
-        suffix[i, : len(x) - p] = torch.as_tensor(x[p:])
-    suffix = suffix.to(device)
+    slen, s_max, suffix = _replies(ids, plen, policy.pad_token_id, device)
     if s_max > 1:
         cache = getattr(out, cache_arg)
         _select_rows(cache, torch.as_tensor(inverse, device=device))
@@ -158,6 +153,16 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     else:
         logits = first_logits[:, None]
     return _place(policy.logprobs_of(logits, suffix, temperature), plen, slen, t_max)
+
+
+def _replies(ids: Sequence[np.ndarray], plen: Sequence[int], pad: int, device) -> tuple[list[int], int, torch.Tensor]:
+    """Each sample's tokens from its first sampled one on, right-padded: lengths, width, ids."""
+    slen = [len(x) - p for x, p in zip(ids, plen)]
+    s_max = max(slen)
+    suffix = torch.full((len(ids), s_max), pad, dtype=torch.long)
+    for i, (x, p) in enumerate(zip(ids, plen)):
+        suffix[i, : len(x) - p] = torch.as_tensor(x[p:])
+    return slen, s_max, suffix.to(device)
 
 
 def _place(lp: torch.Tensor, plen: Sequence[int], slen: Sequence[int], t_max: int) -> torch.Tensor:
@@ -233,12 +238,7 @@ def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: f
     first_logits = out.logits[:, -1].index_select(0, rows_t)  # [B, V]: each reply's first token
 
     # 3. the replies on the gathered caches, continuing at the prompt's largest position + 1
-    slen = [len(x) - p for x, p in zip(ids, plen)]
-    s_max = max(slen)
-    suffix = torch.full((b, s_max), policy.pad_token_id, dtype=torch.long)
-    for i, (x, p) in enumerate(zip(ids, plen)):
-        suffix[i, : len(x) - p] = torch.as_tensor(x[p:])
-    suffix = suffix.to(device)
+    slen, s_max, suffix = _replies(ids, plen, policy.pad_token_id, device)
     if s_max > 1:
         cache = getattr(out, cache_arg)
         _select_rows(cache, rows_t)

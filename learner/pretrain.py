@@ -33,8 +33,6 @@ import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,24 +276,18 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
 def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwargs: dict[str, Any] | None,
            cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool) -> tuple[Path, dict[str, Any]]:
     from agents.policy import Policy
+    from agents.tiny import staged_folder
 
     policy = Policy.from_pretrained(base)
     torch.manual_seed(seed)
     report = pretrain(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress)
     if cfg.seconds is not None:  # machine-dependent: keep it in a folder that is not reused
         target = root / f".uncached-{task}-s{seed}-{os.getpid()}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".pretrain-{task}-"))
-    try:
+    with staged_folder(root, f".pretrain-{task}-", target) as tmp:
         policy.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps({**report, "env_id": env_id, "env_kwargs": env_kwargs or {},
                                               "base_model": base.name, "recipe": dataclasses.asdict(cfg)}),
                                   encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     logger.info("pretrained %s on %s in %.0f s (%d steps) at %s", base.name, env_id, report["pretrain_seconds"],
                 report["pretrain_steps"], target)
     return target, {**report, "cached": False}
