@@ -32,10 +32,25 @@ from typing import Any, Sequence
 
 import numpy as np
 
-# Idle OpenMP threads sleep instead of spinning: 2 spinning threads on 2 cores that another
-# process also uses made updates 2-10x slower; sleeping costs ~10% on idle cores (measured,
-# docs/performance_train.md). Must be set before torch loads its OpenMP runtime.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def default_omp_wait_policy() -> str:
+    """How idle OpenMP threads wait, chosen once at start (torch reads it when it loads).
+
+    Spinning (``ACTIVE``) makes the tiny model's updates and pretraining ~1.5x faster than
+    sleeping on an otherwise idle machine, but ~1.7x slower than sleeping when another process
+    keeps a core busy (measured, docs/performance_train.md). So: ``ACTIVE`` when the machine is
+    idle at start (1-minute load average below 0.5), else ``PASSIVE``. ``OMP_WAIT_POLICY`` in
+    the environment wins; ``benchmarks/sweep.py`` sets ``PASSIVE`` for runs side by side.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform: the safe choice
+        return "PASSIVE"
+    return "ACTIVE" if load < 0.5 else "PASSIVE"
+
+
+os.environ.setdefault("OMP_WAIT_POLICY", default_omp_wait_policy())
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
@@ -51,7 +66,7 @@ logger = logging.getLogger("train")
 
 #: RL iterations of the default run (``python train.py``): with its pretraining and evaluations
 #: the whole run stays under 10 minutes on 2 CPU cores (docs/training.md).
-DEFAULT_ITERATIONS = 300
+DEFAULT_ITERATIONS = 400
 
 
 @dataclass
@@ -108,7 +123,7 @@ class Config:
     group_size: int = 8
     """G: rollouts per task, the GRPO group"""
     iterations: int | None = None
-    """stop after this many iterations; if neither this nor --time-budget is set: 300"""
+    """stop after this many iterations; if neither this nor --time-budget is set: 400"""
     time_budget: float | None = None
     """stop the RL phase after this many seconds"""
     advantage: str = "episode"

@@ -44,7 +44,7 @@ class Task:
 
 
 TASKS = {
-    "frozenlake": Task("FrozenLake 4x4, text", "configs/frozenlake_default.yaml", 300),
+    "frozenlake": Task("FrozenLake 4x4, text", "configs/frozenlake_default.yaml", 400),
     "frozenlake_vision": Task("FrozenLake 4x4, image", "configs/frozenlake_vision.yaml", 150),
     "sokoban": Task("Sokoban simple", "configs/sokoban_simple.yaml", 100),
     "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60),

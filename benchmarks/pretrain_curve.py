@@ -8,7 +8,9 @@ Pretrains the embedded tiny model of the task's modality with ``learner.pretrain
 measures, on 64 held-out transitions from other tasks: the per-token negative log-likelihood of
 dynamics and format targets, and how often greedy decoding writes the dynamics target exactly
 (the next board, or how the episode ended): a direct measure of whether the model reads the
-state it is shown. Prints one table row per measurement; ``--json PATH`` also writes them.
+state it is shown. With ``--observe`` (observation examples in the mix) it also measures held-out
+observation examples (the state as shown, e.g. an image, -> the state as text): whether the
+model perceives the state at all, apart from predicting what a move does. Prints one table row per measurement; ``--json PATH`` also writes them.
 """
 
 from __future__ import annotations
@@ -58,25 +60,38 @@ def main() -> int:
     held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_730, 0.0, vision)
     fmt = held.examples()
     held.close()
+    obs = []
+    if args.observe > 0:  # held-out observation examples: the state as shown -> the state as text
+        held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_731, 1.0, vision, observe_fraction=1.0)
+        obs = held.examples()
+        held.close()
     dyn_s, dyn_i = encode(policy, dyn)
     fmt_s, fmt_i = encode(policy, fmt)
-    longest = max(len(policy.encode_reply(ex.reply)) for ex in dyn) + 2
+    obs_s, obs_i = encode(policy, obs) if obs else ([], None)
+    longest = max(len(policy.encode_reply(ex.reply)) for ex in dyn + obs) + 2
+
+    def exact_rate(examples) -> float:
+        gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
+                               [ex.images for ex in examples], max_new_tokens=longest, greedy=True)
+        return float(np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, examples)]))
     rows: list[dict] = []
     start = time.monotonic()
 
     def measure(step: int) -> None:
-        gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in dyn], [ex.images for ex in dyn],
-                               max_new_tokens=longest, greedy=True)
-        exact = np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, dyn)])
         row = {"step": step, "seconds": round(time.monotonic() - start, 1),
                "dynamics_nll": float(nll_per_sample(policy, dyn_s, dyn_i).mean()),
-               "format_nll": float(nll_per_sample(policy, fmt_s, fmt_i).mean()), "dynamics_exact": float(exact)}
+               "format_nll": float(nll_per_sample(policy, fmt_s, fmt_i).mean()), "dynamics_exact": exact_rate(dyn)}
+        line = (f"{row['step']:>6} {row['seconds']:>8} {row['dynamics_nll']:>12.3f} {row['format_nll']:>10.3f} "
+                f"{row['dynamics_exact']:>16.2f}")
+        if obs:
+            row.update(observe_nll=float(nll_per_sample(policy, obs_s, obs_i).mean()), observe_exact=exact_rate(obs))
+            line += f" {row['observe_nll']:>11.3f} {row['observe_exact']:>13.2f}"
         rows.append(row)
-        print(f"{row['step']:>6} {row['seconds']:>8} {row['dynamics_nll']:>12.3f} {row['format_nll']:>10.3f} "
-              f"{row['dynamics_exact']:>14.2f}", flush=True)
+        print(line, flush=True)
 
     print(f"{args.env_id}: batch {args.batch}, lr {args.lr}, dynamics share {args.dynamics}, observation share {args.observe}")
-    print(f"{'step':>6} {'seconds':>8} {'dynamics nll':>12} {'format nll':>10} {'next state exact':>14}")
+    print(f"{'step':>6} {'seconds':>8} {'dynamics nll':>12} {'format nll':>10} {'next state exact':>16}"
+          + (f" {'observe nll':>11} {'observe exact':>13}" if obs else ""))
     measure(0)
     torch.manual_seed(args.seed)
     pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,

@@ -15,6 +15,7 @@ machine's load; time budgets do not.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -57,7 +58,12 @@ def run_sweep(out: Path, arms: dict[str, list[str]], seeds: list[int], common: l
             log = (out / f"{name}.log").open("a", encoding="utf-8")
             log.write(f"$ {shlex.join(cmd)}\n")
             log.flush()
-            running.append((name, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), time.monotonic()))
+            # runs side by side share the cores: their OpenMP threads sleep when idle (train.py)
+            env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE" if jobs > 1 else "")}
+            if not env["OMP_WAIT_POLICY"]:
+                del env["OMP_WAIT_POLICY"]
+            running.append((name, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env),
+                            time.monotonic()))
         time.sleep(2)
         for item in list(running):
             name, proc, started = item

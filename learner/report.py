@@ -216,12 +216,14 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
     if board_text:
         verdict += f"\n{board_text}"
     text = (f"\n{table}\n\n{verdict}\n{state['iteration']} iterations, "
-            f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, wall time {wall:.0f} s\n"
+            f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, "
+            f"{state.get('rl_seconds', 0.0):.0f} s of RL iterations in all (resumed sessions included), "
+            f"wall time of this session {wall:.0f} s\n"
             "action spread: mean total-variation distance between the policy's action distributions on different "
             "states (0 = the same everywhere); counterfactual: how much more the policy takes the move a changed "
             "detail favours (0 = blind to it)")
     return {"evals": evals, "learned": learned, "reads_board": reads_board, "verdict": verdict, "text": text, "wall_seconds": wall,
-            "iterations": state["iteration"], "episodes": state["episodes"]}
+            "rl_seconds": float(state.get("rl_seconds", 0.0)), "iterations": state["iteration"], "episodes": state["episodes"]}
 
 
 # -- comparing runs ---------------------------------------------------------------------------
