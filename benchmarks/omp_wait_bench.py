@@ -8,7 +8,7 @@ backward and Adam on ~100-token examples, the shape of the learner's work) in a 
 per setting, because OpenMP reads ``OMP_WAIT_POLICY`` once when torch loads: 1 thread, then 2
 threads sleeping (``PASSIVE``), spinning (``ACTIVE``) and libgomp's default (spin a while,
 then sleep). With ``--busy`` (default) the 2-thread settings run again beside a busy loop on
-another core. Prints seconds and the ratio to the 1-thread time measured in the same run.
+another core. Prints seconds and the ratio to the 1-thread time measured in the same run; run it on an otherwise idle machine (it prints the load average at start).
 ``train.py`` chooses the policy from what this shows (``train.default_omp_wait_policy``).
 """
 
@@ -68,7 +68,7 @@ def main() -> int:
                     continue
                 sec = timed(threads, env, args.steps)
                 base = base if base is not None else sec
-                print(f"{name:<30} {'one core busy' if busy else 'idle':<14} {sec:8.1f} {base / sec:11.2f}x", flush=True)
+                print(f"{name:<30} {'+ a busy loop' if busy else 'as it is':<14} {sec:8.1f} {base / sec:11.2f}x", flush=True)
         finally:
             if loop is not None:
                 loop.kill()
