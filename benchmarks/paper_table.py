@@ -155,6 +155,18 @@ def _plot(task: str, label: str, results: dict[str, list[RunResult]], out: Path)
     plt.close(fig)
 
 
+NOTES_START, NOTES_END = "<!-- notes: kept when the report is rewritten -->", "<!-- end of notes -->"
+
+
+def kept_notes(doc: Path) -> str:
+    """The hand-written reading of the table in an existing report (between the notes markers),
+    carried into the rewritten one; an empty block to write into otherwise."""
+    text = doc.read_text(encoding="utf-8") if doc.exists() else ""
+    if NOTES_START in text and NOTES_END in text.split(NOTES_START, 1)[1]:
+        return NOTES_START + text.split(NOTES_START, 1)[1].split(NOTES_END, 1)[0] + NOTES_END
+    return f"{NOTES_START}\n{NOTES_END}"
+
+
 def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablations: bool, commands: list[str]) -> str:
     """Write the results document from the run folders; return its text."""
     img_dir = doc.parent / "img"
@@ -210,7 +222,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                     tau_note = f" (tau at the end: {np.mean(taus):.1f})" if "auto" in method and taus else ""
                     details.append(f"- {method}: {cells}{tau_note}")
             details.append("")
-    lines += ["", *details, "## Commands", "", "```", *commands, "```", ""]
+    lines += ["", kept_notes(doc), "", *details, "## Commands", "", "```", *commands, "```", ""]
     text = "\n".join(lines)
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text, encoding="utf-8")

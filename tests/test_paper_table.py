@@ -29,3 +29,10 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     again = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert "0 runs to do" in again.stdout
     assert doc.read_text().split("## Commands")[0] == text.split("## Commands")[0]
+    # the hand-written reading between the notes markers survives a rewrite of the report
+    marker = "<!-- notes: kept when the report is rewritten -->"
+    assert marker in text
+    doc.write_text(text.replace(marker, marker + "\nPER trails on-policy here.\n"))
+    subprocess.run(cmd[:-len(TINY) - 1] + ["--report-only"], cwd=REPO, check=True, capture_output=True, text=True,
+                   timeout=300)
+    assert "PER trails on-policy here." in doc.read_text()

@@ -1,0 +1,75 @@
+"""When does a run's policy look at the board? Held-out success and action spread along training.
+
+    python benchmarks/spread_curves.py runs/fl_credit/episode_s* runs/shipped/seed_s* --out docs/img/spread.png
+
+For each run folder, from the sampled held-out evaluations in its ``metrics.jsonl``: success and
+``action_spread`` (the mean total-variation distance between the policy's action distributions
+on different states; 0 = the same distribution on every board) against the iteration, one line
+per run, and a table of when each run's spread first fell below ``--low`` and when it next rose
+above ``--high`` (the policy going blind, then reading the board again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from learner.report import read_metrics  # noqa: E402
+
+
+def curve(run: Path) -> list[tuple[int, float, float]]:
+    rows = read_metrics(run / "metrics.jsonl")
+    seen: dict[int, tuple[int, float, float]] = {}
+    for r in rows:
+        if r.get("kind") == "eval" and r.get("decoding") == "sampled" and "action_spread" in r:
+            seen[r["iteration"]] = (r["iteration"], r["success"], r["action_spread"])
+    return [seen[k] for k in sorted(seen)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="write the plot here (PNG)")
+    parser.add_argument("--low", type=float, default=0.05)
+    parser.add_argument("--high", type=float, default=0.25)
+    args = parser.parse_args()
+    curves = {run: curve(run) for run in args.runs if (run / "metrics.jsonl").exists()}
+    if not curves:
+        raise SystemExit("no run folder with a metrics.jsonl among the arguments")
+    print(f"{'run':<34} {'spread < ' + str(args.low) + ' first at':>22} {'then > ' + str(args.high) + ' at':>18} "
+          f"{'final success':>14} {'final spread':>13}")
+    for run, c in curves.items():
+        low = next((i for i, _, a in c if a < args.low), None)
+        rise = next((i for i, _, a in c if low is not None and i > low and a > args.high), None)
+        print(f"{run.parent.name + '/' + run.name:<34} {str(low):>22} {str(rise):>18} "
+              f"{c[-1][1]:14.3f} {c[-1][2]:13.2f}")
+    if args.out:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for k, (run, c) in enumerate(curves.items()):
+            its = [i for i, _, _ in c]
+            label = f"{run.parent.name}/{run.name}"
+            axes[0].plot(its, [s for _, s, _ in c], color=f"C{k % 10}", lw=1.2, label=label)
+            axes[1].plot(its, [a for _, _, a in c], color=f"C{k % 10}", lw=1.2, label=label)
+        axes[0].set_ylabel("held-out success (sampled, 64 tasks)")
+        axes[1].set_ylabel("action spread (0 = the same on every board)")
+        for ax in axes:
+            ax.set_xlabel("iteration")
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.out, dpi=100)
+        print(f"plot: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
