@@ -33,7 +33,6 @@ from typing import Any, Sequence
 import numpy as np
 
 
-
 def default_omp_wait_policy() -> str:
     """How idle OpenMP threads wait, chosen once at start (torch reads it when it loads).
 
@@ -64,8 +63,9 @@ from learner.state import ReplaySettings, TrainerState  # noqa: E402
 
 logger = logging.getLogger("train")
 
-#: RL iterations of the default run (``python train.py``): with its pretraining and evaluations
-#: the whole run stays under 10 minutes on 2 CPU cores (docs/training.md).
+#: RL iterations of the default run (``python train.py``): ~8 of 10 runs reach 0.60 held-out
+#: success with a safe-move probe of 0.75; ~11.5 minutes on 2 idle CPU cores with the pretraining,
+#: ~9 once it is cached (docs/training.md).
 DEFAULT_ITERATIONS = 400
 
 

@@ -338,3 +338,18 @@ def test_a_learning_rate_that_blows_the_weights_up_stops_the_run_cleanly(tmp_pat
     err = capsys.readouterr().err
     assert "error:" in err and "not finite" in err and "--lr" in err
     verify_checkpoint(list_checkpoints(tmp_path / "big" / "checkpoints")[-1])
+
+
+def test_openmp_threads_spin_only_when_the_machine_is_idle_at_start(monkeypatch) -> None:
+    import train as train_module
+
+    def load(value):
+        def getloadavg():
+            if value is None:
+                raise OSError("no load average")
+            return (value, value, value)
+        return getloadavg
+
+    for value, policy in ((0.1, "ACTIVE"), (0.6, "PASSIVE"), (1.9, "PASSIVE"), (None, "PASSIVE")):
+        monkeypatch.setattr(train_module.os, "getloadavg", load(value))
+        assert train_module.default_omp_wait_policy() == policy
