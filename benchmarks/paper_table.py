@@ -119,6 +119,8 @@ def read_run(run: Path) -> RunResult | None:
 def _ci(values: list[float]) -> str:
     if not values:
         return "n/a"
+    if len(values) < 2:
+        return f"{values[0]:.3f}"
     lo, hi = seed_interval(values)
     return f"{np.mean(values):.3f} [{lo:.3f}, {hi:.3f}]"
 
@@ -178,23 +180,30 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
              "for every run: final = the last evaluation (200 tasks), best = the best of the periodic "
              "evaluations (64 tasks each) and the final one (so it is biased upwards by evaluation noise), "
              "drop = final - best. Every method of a task has the same environment-episode budget.", ""]
-    header = "| task | method | seeds | final | best | final - best | vs on-policy (final) |"
-    lines += [header, "|---|---|---|---|---|---|---|"]
+    header = ("| task | method | seeds | final | best | final - best | vs on-policy (final) "
+              "| paired: final - on-policy's, same seeds |")
+    lines += [header, "|---|---|---|---|---|---|---|---|"]
     details: list[str] = []
     for task in tasks:
         spec = TASKS[task]
         results = {}
+        by_seed: dict[str, dict[int, RunResult]] = {}
         for method in task_arms(ablations, task):
-            runs = [read_run(out / task / f"{method}_s{s}") for s in seeds]
-            results[method] = [r for r in runs if r is not None]
+            runs = {s: read_run(out / task / f"{method}_s{s}") for s in seeds}
+            by_seed[method] = {s: r for s, r in runs.items() if r is not None}
+            results[method] = list(by_seed[method].values())
         base = np.mean([r.final for r in results.get("none", [])]) if results.get("none") else float("nan")
         for method, runs in results.items():
             if not runs:
                 continue
             finals, bests = [r.final for r in runs], [r.best for r in runs]
             rel = (np.mean(finals) - base) / base * 100 if base and math.isfinite(base) and base > 0 else float("nan")
+            paired = [by_seed[method][s].final - by_seed["none"][s].final
+                      for s in by_seed[method] if s in by_seed.get("none", {})] if method != "none" else []
+            paired_text = f"{_ci(paired)} (n={len(paired)})" if paired else ""
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
-                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {'' if method == 'none' else f'{rel:+.0f}%'} |")
+                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {'' if method == 'none' else f'{rel:+.0f}%'} "
+                         f"| {paired_text} |")
         png = img_dir / f"results_{task}.png"
         _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)
         details += [f"## {spec.name}", "", f"![held-out success, {spec.name}]({png.relative_to(doc.parent)})", ""]
