@@ -36,7 +36,8 @@ def main() -> int:
     parser.add_argument("--low", type=float, default=0.05)
     parser.add_argument("--high", type=float, default=0.25)
     args = parser.parse_args()
-    curves = {run: curve(run) for run in args.runs if (run / "metrics.jsonl").exists()}
+    curves = {run: curve(run) for run in args.runs
+              if (run / "metrics.jsonl").exists() or (run / "metrics.jsonl.gz").exists()}
     if not curves:
         raise SystemExit("no run folder with a metrics.jsonl among the arguments")
     print(f"{'run':<34} {'spread < ' + str(args.low) + ' first at':>22} {'then > ' + str(args.high) + ' at':>18} "

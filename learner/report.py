@@ -68,9 +68,17 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All lines of a metrics.jsonl (a torn last line from a killed run is ignored)."""
+    """All lines of a metrics.jsonl (a torn last line from a killed run is ignored). A missing
+    ``metrics.jsonl`` beside a ``metrics.jsonl.gz`` (an archived run) is read from the latter."""
+    import gzip
+
+    path = Path(path)
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        opener = lambda: gzip.open(path.with_name(path.name + ".gz"), "rt", encoding="utf-8")  # noqa: E731
+    else:
+        opener = lambda: path.open(encoding="utf-8")  # noqa: E731
     out = []
-    with Path(path).open(encoding="utf-8") as fh:
+    with opener() as fh:
         for line in fh:
             try:
                 out.append(json.loads(line))

@@ -37,3 +37,17 @@ def test_summary_separates_improvement_from_board_reading() -> None:
     assert "do not overlap - improved" in out["text"] and "no evidence beyond the board-blind" in out["text"]
     flat = summarize({"baseline": _eval(0.30), "final": _eval(0.32)}, state, 300.0)
     assert flat["learned"] is False and "no clear improvement" in flat["text"]
+
+
+def test_an_archived_run_is_read_from_its_gzipped_metrics(tmp_path) -> None:
+    import gzip
+    import json
+
+    from learner.report import read_metrics
+
+    rows = [{"kind": "train", "iteration": 1, "episodes": 64}, {"kind": "eval", "iteration": 1, "success": 0.5}]
+    with gzip.open(tmp_path / "metrics.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(json.dumps(r) for r in rows) + "\n{\"torn")
+    assert read_metrics(tmp_path / "metrics.jsonl") == rows
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")  # the plain file wins
+    assert read_metrics(tmp_path / "metrics.jsonl") == rows[:1]
