@@ -59,9 +59,9 @@ def run_sweep(out: Path, arms: dict[str, list[str]], seeds: list[int], common: l
             log.write(f"$ {shlex.join(cmd)}\n")
             log.flush()
             # runs side by side share the cores: their OpenMP threads sleep when idle (train.py)
-            env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE" if jobs > 1 else "")}
-            if not env["OMP_WAIT_POLICY"]:
-                del env["OMP_WAIT_POLICY"]
+            env = dict(os.environ)
+            if jobs > 1:
+                env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             running.append((name, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env),
                             time.monotonic()))
         time.sleep(2)

@@ -148,19 +148,17 @@ class TransitionStreams:
             text, images = self._prompt(obs, instructions, first)
             reply = task.sample_reply(self.rng)
             draw = self.rng.random()
-            dynamics = draw < self.dynamics_fraction
-            if draw < self.observe_fraction:  # the state as shown -> the state in text (perception alone)
+            kind = ("observe" if draw < self.observe_fraction else
+                    "dynamics" if draw < self.dynamics_fraction else "format")
+            if kind == "observe":  # the state as shown -> the state in text (perception alone)
                 out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
                                    "observe"))
-                dynamics = False
             action = task.describe_action(reply)
             nxt, _, terminated, truncated, info = env.step(reply)
-            if draw < self.observe_fraction:
-                pass
-            elif dynamics:
+            if kind == "dynamics":
                 outcome = task.outcome_text(bool(terminated), bool(info.get("success", False)))
                 out.append(Example(f"{text}\nMove: {action}", images, f"<answer>{outcome}</answer>", "dynamics"))
-            else:
+            elif kind == "format":
                 out.append(Example(text, images, reply, "format"))
             if terminated or truncated or info.get("failed"):
                 self._state[k] = None

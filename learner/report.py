@@ -73,12 +73,10 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     import gzip
 
     path = Path(path)
-    if not path.exists() and path.with_name(path.name + ".gz").exists():
-        opener = lambda: gzip.open(path.with_name(path.name + ".gz"), "rt", encoding="utf-8")  # noqa: E731
-    else:
-        opener = lambda: path.open(encoding="utf-8")  # noqa: E731
+    archived = path.with_name(path.name + ".gz")
     out = []
-    with opener() as fh:
+    with (gzip.open(archived, "rt", encoding="utf-8") if not path.exists() and archived.exists()
+          else path.open(encoding="utf-8")) as fh:
         for line in fh:
             try:
                 out.append(json.loads(line))

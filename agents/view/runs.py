@@ -245,19 +245,20 @@ class RunInfo:
         rows = [r for r in self.metrics if r.get("kind") == "eval"]
         return rows[-1] if rows else {}
 
+    def _latest(self, summary_key: str, metric_key: str) -> int | None:
+        """The summary's value, or the last metrics row's for a run still going."""
+        if self.summary and summary_key in self.summary:
+            return self.summary[summary_key]
+        rows = [r for r in self.metrics if metric_key in r]
+        return rows[-1][metric_key] if rows else None
+
     @property
     def iterations(self) -> int | None:
-        if self.summary and "iterations" in self.summary:
-            return self.summary["iterations"]
-        rows = [r for r in self.metrics if "iteration" in r]
-        return rows[-1]["iteration"] if rows else None
+        return self._latest("iterations", "iteration")
 
     @property
     def episodes(self) -> int | None:
-        if self.summary and "episodes" in self.summary:
-            return self.summary["episodes"]
-        rows = [r for r in self.metrics if "episodes" in r]
-        return rows[-1]["episodes"] if rows else None
+        return self._latest("episodes", "episodes")
 
 
 def load_run(root: Path, path: Path) -> RunInfo:
