@@ -92,6 +92,8 @@ class Config:
     """registered task id (python -m envs list)"""
     env_kwargs: dict | None = None
     """keyword arguments of the task (JSON on the command line); default: {"feedback": false} for tasks whose board is their whole state (FrozenLake, Sokoban) in window:0 context, else {}"""
+    train_env_kwargs: dict | None = None
+    """keyword arguments merged over --env-kwargs for the training tasks only, a curriculum (JSON; e.g. {"max_solution_moves": 4}: easier Sokoban levels); held-out evaluations, diagnostics and pretraining keep --env-kwargs, so success is still measured on the task"""
     context: str = "window:0"
     """prompt context: 'full' (whole conversation) or 'window:k' (instructions + last k turns)"""
     model: str | None = None
@@ -235,7 +237,7 @@ class Config:
 
 
 #: Settings that shape what a run has already done; a resume refuses to change them.
-LOCKED_ON_RESUME = ("env_id", "env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
+LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
                     "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
@@ -435,6 +437,12 @@ def setup(cfg: Config) -> Run:
     validate(cfg)
     if cfg.env_kwargs is None:
         cfg.env_kwargs = default_env_kwargs(cfg.env_id, cfg.context)
+    if cfg.train_env_kwargs:  # a curriculum the task cannot build fails here, not at the first collect
+        try:
+            envs.make(cfg.env_id, **{**cfg.env_kwargs, **cfg.train_env_kwargs}).close()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--train-env-kwargs {json.dumps(cfg.train_env_kwargs)}: {cfg.env_id} cannot be built "
+                             f"with them: {exc}") from exc
     modality = envs.task_spec(cfg.env_id).modality
     configure_threads(cfg.threads)
     update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
@@ -456,6 +464,8 @@ def setup(cfg: Config) -> Run:
     try:
         rollout = RolloutConfig(cfg.env_id, dict(cfg.env_kwargs), cfg.context, cfg.group_size, cfg.max_new_tokens,
                                 cfg.temperature, cfg.max_context_tokens)
+        training = rollout if not cfg.train_env_kwargs else \
+            dataclasses.replace(rollout, env_kwargs={**cfg.env_kwargs, **cfg.train_env_kwargs})
         start_report: dict[str, Any] = {}
         if resume is not None:
             model_path = resume / "model"
@@ -488,7 +498,7 @@ def setup(cfg: Config) -> Run:
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         metrics = MetricsLogger(run_dir, cfg.tensorboard,
                                 resume_iteration=None if resume is None else int(manifest["iteration"]))
-        collector = build_collector(policy, model_path, rollout, seed=cfg.seed, workers=cfg.rollout_workers,
+        collector = build_collector(policy, model_path, training, seed=cfg.seed, workers=cfg.rollout_workers,
                                     shards=cfg.rollout_shards, asynchronous=cfg.async_collect,
                                     max_staleness=cfg.max_staleness, steps_per_iteration=steps_per_iteration(cfg),
                                     plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,

@@ -252,13 +252,46 @@ def test_turn_level_advantages_train_and_replay(tmp_path: Path) -> None:
         train.validate(train.Config(advantage="gigpo", context="full"))
 
 
+def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_path: Path) -> None:
+    """--train-env-kwargs: training levels are the easier ones, evaluation stays on the task."""
+    import envs
+    from learner.seeds import EVAL_SEED_BASE
+
+    cfg = tiny_config(tmp_path, run_name="cur", env_id="freshper/Sokoban-v0", iterations=1, eval_every=0,
+                      train_env_kwargs={"max_solution_moves": 2})
+    run = train.setup(cfg)
+    try:
+        trained, _ = run.collector.collect(**train.collect_request(cfg, 0), policy_version=0)
+        held_out, _ = run.evaluator.collect([EVAL_SEED_BASE + k for k in range(6)], policy_version=0)
+    finally:
+        run.close()
+
+    def level(seed: int, **extra) -> tuple[str, int]:
+        env = envs.make("freshper/Sokoban-v0", **{**cfg.env_kwargs, **extra})
+        obs, _ = env.reset(seed=seed)
+        return obs["text"], env.unwrapped.optimal_moves
+
+    for r in trained:
+        text, moves = level(r.seed, max_solution_moves=2)
+        assert r.turns[0].observation == text and moves <= 2
+    levels = [level(r.seed) for r in held_out]
+    assert [r.turns[0].observation for r in held_out] == [t for t, _ in levels]
+    assert max(m for _, m in levels) > 2  # the task's own levels, not the curriculum's
+    assert yaml.safe_load((tmp_path / "cur" / "config.yaml").read_text())["train_env_kwargs"] == {"max_solution_moves": 2}
+    with pytest.raises(ValueError, match="--train-env-kwargs"):
+        train.setup(tiny_config(tmp_path, run_name="bad", env_id="freshper/Sokoban-v0",
+                                train_env_kwargs={"max_solution_moves": 99}))
+    assert not (tmp_path / "bad").exists()
+
+
 # -- resume and run folders -------------------------------------------------------------------------
 def test_resume_refuses_settings_that_shaped_the_run_and_applies_the_rest(tmp_path: Path) -> None:
     train.train(tiny_config(tmp_path, run_name="r", iterations=2, replay="fresh", replay_batch=4, eval_every=0))
     run = str(tmp_path / "r")
     for flags, name in ((["--replay", "per"], "--replay"), (["--tau", "1000"], "--tau"),
                         (["--buffer-capacity", "10"], "--buffer-capacity"), (["--env-id", "freshper/Sokoban-v0"], "--env-id"),
-                        (["--model", "x"], "--model"), (["--seed", "3"], "--seed")):
+                        (["--model", "x"], "--model"), (["--seed", "3"], "--seed"),
+                        (["--train-env-kwargs", '{"size": 3}'], "--train-env-kwargs")):
         with pytest.raises(ValueError, match=f"cannot change {name}"):
             train.parse_config(["--resume", run, *flags])
         assert train.main(["--resume", run, *flags]) == 2
