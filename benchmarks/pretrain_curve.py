@@ -2,6 +2,7 @@
 
     python benchmarks/pretrain_curve.py --env-id freshper/FrozenLake-v0 --steps 400 --every 50
     python benchmarks/pretrain_curve.py --env-id freshper/FrozenLakeVision-v0 --steps 1200 --every 100
+    python benchmarks/pretrain_curve.py --env-id freshper/Sokoban-v0 --model .cache/freshper/pretrained-Sokoban-v0-s0-<key> --steps 0
 
 Pretrains the embedded tiny model of the task's modality with ``learner.pretrain`` (the recipe
 ``train.py`` uses; ``--batch``, ``--lr``, ``--dynamics`` change it) and every ``--every`` steps
@@ -10,7 +11,9 @@ dynamics and format targets, and how often greedy decoding writes the dynamics t
 (the next board, or how the episode ended): a direct measure of whether the model reads the
 state it is shown. With ``--observe`` (observation examples in the mix) it also measures held-out
 observation examples (the state as shown, e.g. an image, -> the state as text): whether the
-model perceives the state at all, apart from predicting what a move does. Prints one table row per measurement; ``--json PATH`` also writes them.
+model perceives the state at all, apart from predicting what a move does. ``--model PATH``
+starts from a saved model folder (e.g. a cached pretrained default) instead of the untrained
+embedded one; with ``--steps 0`` it only measures that model. Prints one table row per measurement; ``--json PATH`` also writes them.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--model", default=None, help="start from this model folder (default: the untrained embedded model)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -52,7 +56,7 @@ def main() -> int:
 
     modality = envs.task_spec(args.env_id).modality
     kwargs = default_env_kwargs(args.env_id, "window:0")
-    policy = Policy.from_pretrained(build_tiny_model(modality, seed=args.seed))
+    policy = Policy.from_pretrained(args.model or build_tiny_model(modality, seed=args.seed))
     vision = policy.is_vision
     held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_729, 1.0, vision)
     dyn = held.examples()
@@ -94,10 +98,11 @@ def main() -> int:
           + (f" {'observe nll':>11} {'observe exact':>13}" if obs else ""))
     measure(0)
     torch.manual_seed(args.seed)
-    pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
-                                                         dynamics_fraction=args.dynamics, observe_fraction=args.observe),
-             seed=args.seed,
-             on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)
+    if args.steps > 0:
+            pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
+                                                             dynamics_fraction=args.dynamics, observe_fraction=args.observe),
+                 seed=args.seed,
+                 on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0

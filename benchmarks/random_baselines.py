@@ -1,17 +1,20 @@
 """Scores of policies that read nothing, on the held-out tasks every evaluation uses.
 
     python benchmarks/random_baselines.py --episodes 200
+    python benchmarks/random_baselines.py --tasks freshper/Sokoban-v0 --env-kwargs '{"max_solution_moves": 4}'
 
 Per task: the random agent (``sample_reply``: a uniformly drawn legal action each turn, the
 random well-formed replies the embedded model is pretrained on) and, for FrozenLake, the
 board-blind Down/Right habit (a random one of Down/Right each turn). Seeds are the held-out
 evaluation seeds (``learner.seeds.EVAL_SEED_BASE`` on), so the numbers sit beside a run's final
-evaluation. Prints a table of success (95% Wilson interval) and mean return.
+evaluation. ``--env-kwargs`` (JSON) builds the tasks with those keyword arguments, e.g. the
+easier levels of a curriculum (``train.py --train-env-kwargs``). Prints a table of success (95% Wilson interval) and mean return.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -47,13 +50,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--tasks", nargs="*", default=TASKS)
+    parser.add_argument("--env-kwargs", type=json.loads, default=None, metavar="JSON",
+                        help="keyword arguments of every task in --tasks")
     args = parser.parse_args()
     rows = []
     for env_id in args.tasks:
-        rows.append((env_id, "random agent (sample_reply)", *play(env_id, args.episodes, lambda t, rng: t.sample_reply(rng))))
+        rows.append((env_id, "random agent (sample_reply)", *play(env_id, args.episodes, lambda t, rng: t.sample_reply(rng),
+                                                                    args.env_kwargs)))
         if "FrozenLake" in env_id:
             rows.append((env_id, "random Down/Right", *play(
-                env_id, args.episodes, lambda t, rng: t.format_reply(("Down", "Right")[int(rng.integers(2))]))))
+                env_id, args.episodes, lambda t, rng: t.format_reply(("Down", "Right")[int(rng.integers(2))]),
+                args.env_kwargs)))
     print(f"held-out seeds {EVAL_SEED_BASE}..+{args.episodes - 1}\n")
     print(f"{'task':<28} {'policy':<30} {'success':>8}  {'95% CI':<16} {'return':>7}")
     for env_id, name, rate, (lo, hi), ret in rows:
