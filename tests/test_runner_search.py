@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,3 +78,34 @@ def test_each_turn_sends_all_episodes_queries_in_one_retriever_call(text_policy)
     # Two searching turns (the third is over the search limit): one call each, with every
     # episode's query (deduplicated: all six episodes ask the same thing).
     assert counting.calls == [["capital city"], ["capital city"]]
+
+
+def test_copy_probe_tells_verbatim_searches_and_grounded_answers_from_garbled_ones(text_policy, tmp_path):
+    """benchmarks/search_copy_probe.py on records of the random agent (its searches are parts of
+    the question, its answers spans of the passages) and of a policy that garbles both."""
+    import importlib.util
+
+    import numpy as np
+
+    from agents.record import save_records
+
+    spec = importlib.util.spec_from_file_location("search_copy_probe",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "search_copy_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rng = np.random.default_rng(0)
+    garbled = iter(["<search>Zqxv Wrrt</search>", "<answer>Qqzz</answer>"] * 20)
+    runner = Runner(text_policy, SEARCH, group_size=2, max_new_tokens=8)
+    try:
+        random_agent, _ = runner.collect([0, 1, 2], policy_version=0,
+                                         reply_fn=lambda obs, info, env: env.unwrapped.sample_reply(rng))
+        garbling, _ = runner.collect([0, 1, 2], policy_version=0, reply_fn=lambda obs, info, env: next(garbled))
+    finally:
+        runner.close()
+    save_records(random_agent, tmp_path / "random")
+    save_records(garbling, tmp_path / "garbled")
+    good, bad = probe.probe(tmp_path / "random"), probe.probe(tmp_path / "garbled")
+    assert good["searches"] > 0 and good["query_in_question"] == 1.0
+    assert good["answers"] > 0 and good["answer_in_passages"] == 1.0
+    assert bad["searches"] > 0 and bad["answers"] > 0
+    assert bad["query_in_question"] == 0.0 and bad["answer_in_passages"] == 0.0 and bad["exact_match"] == 0.0
