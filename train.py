@@ -437,9 +437,10 @@ def setup(cfg: Config) -> Run:
     validate(cfg)
     if cfg.env_kwargs is None:
         cfg.env_kwargs = default_env_kwargs(cfg.env_id, cfg.context)
+    train_kwargs = {**cfg.env_kwargs, **(cfg.train_env_kwargs or {})}  # the training tasks' (a curriculum's)
     if cfg.train_env_kwargs:  # a curriculum the task cannot build fails here, not at the first collect
         try:
-            envs.make(cfg.env_id, **{**cfg.env_kwargs, **cfg.train_env_kwargs}).close()
+            envs.make(cfg.env_id, **train_kwargs).close()
         except (TypeError, ValueError) as exc:
             raise ValueError(f"--train-env-kwargs {json.dumps(cfg.train_env_kwargs)}: {cfg.env_id} cannot be built "
                              f"with them: {exc}") from exc
@@ -464,8 +465,7 @@ def setup(cfg: Config) -> Run:
     try:
         rollout = RolloutConfig(cfg.env_id, dict(cfg.env_kwargs), cfg.context, cfg.group_size, cfg.max_new_tokens,
                                 cfg.temperature, cfg.max_context_tokens)
-        training = rollout if not cfg.train_env_kwargs else \
-            dataclasses.replace(rollout, env_kwargs={**cfg.env_kwargs, **cfg.train_env_kwargs})
+        training = dataclasses.replace(rollout, env_kwargs=train_kwargs)
         start_report: dict[str, Any] = {}
         if resume is not None:
             model_path = resume / "model"

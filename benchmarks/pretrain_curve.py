@@ -99,7 +99,7 @@ def main() -> int:
     measure(0)
     torch.manual_seed(args.seed)
     if args.steps > 0:
-            pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
+        pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
                                                              dynamics_fraction=args.dynamics, observe_fraction=args.observe),
                  seed=args.seed,
                  on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)

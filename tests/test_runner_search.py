@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 import torch
@@ -83,16 +82,10 @@ def test_each_turn_sends_all_episodes_queries_in_one_retriever_call(text_policy)
 def test_copy_probe_tells_verbatim_searches_and_grounded_answers_from_garbled_ones(text_policy, tmp_path):
     """benchmarks/search_copy_probe.py on records of the random agent (its searches are parts of
     the question, its answers spans of the passages) and of a policy that garbles both."""
-    import importlib.util
-
     import numpy as np
 
     from agents.record import save_records
-
-    spec = importlib.util.spec_from_file_location("search_copy_probe",
-                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "search_copy_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    from benchmarks import search_copy_probe as probe
     rng = np.random.default_rng(0)
     garbled = iter(["<search>Zqxv Wrrt</search>", "<answer>Qqzz</answer>"] * 20)
     runner = Runner(text_policy, SEARCH, group_size=2, max_new_tokens=8)
