@@ -51,3 +51,25 @@ def test_an_archived_run_is_read_from_its_gzipped_metrics(tmp_path) -> None:
     assert read_metrics(tmp_path / "metrics.jsonl") == rows
     (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")  # the plain file wins
     assert read_metrics(tmp_path / "metrics.jsonl") == rows[:1]
+
+
+def test_paired_summaries_pairs_by_seed_and_refuses_mismatched_seeds(tmp_path, capsys) -> None:
+    import json
+
+    import pytest
+
+    from benchmarks import paired_summaries
+
+    def summary(name: str, seed: int, success: float):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(f"seed: {seed}\n")
+        (run / "summary.json").write_text(json.dumps({"evals": {"final": {"success": success}}}))
+        return str(run / "summary.json")
+
+    a = [summary(f"a{s}", s, v) for s, v in enumerate((0.5, 0.7, 0.6))]
+    b = [summary(f"b{s}", s, v) for s, v in enumerate((0.4, 0.5, 0.6))]
+    assert paired_summaries.main([*a, "--", *b]) == 0
+    assert "over 3 seeds: +0.100 [-0.148, +0.348]" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not the same seed"):
+        paired_summaries.main([a[0], "--", b[1]])
