@@ -15,6 +15,7 @@ On disk a record is JSON (no pickle) plus PNG images: :func:`save_records` /
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -208,13 +209,15 @@ def save_records(records: Iterable[Trajectory], folder: str | os.PathLike) -> Pa
 
 
 def load_records(folder: str | os.PathLike) -> list[Trajectory]:
-    """Read records written by :func:`save_records`."""
+    """Read records written by :func:`save_records` (from ``records.jsonl.gz`` where only the
+    gzipped file is there: an archived run)."""
     folder = Path(folder)
     path = folder / "records.jsonl"
-    if not path.exists():
+    archived = folder / "records.jsonl.gz"
+    if not path.exists() and not archived.exists():
         raise FileNotFoundError(f"no records.jsonl in {folder}")
     out = []
-    with path.open(encoding="utf-8") as fh:
+    with (path.open(encoding="utf-8") if path.exists() else gzip.open(archived, "rt", encoding="utf-8")) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue

@@ -102,3 +102,12 @@ def test_copy_probe_tells_verbatim_searches_and_grounded_answers_from_garbled_on
     assert good["answers"] > 0 and good["answer_in_passages"] == 1.0
     assert bad["searches"] > 0 and bad["answers"] > 0
     assert bad["query_in_question"] == 0.0 and bad["answer_in_passages"] == 0.0 and bad["exact_match"] == 0.0
+    # An archived folder (records.jsonl gzipped, as docs/data keeps them) reads the same.
+    import gzip
+    import shutil
+
+    plain = tmp_path / "random" / "records.jsonl"
+    with plain.open("rb") as src, gzip.open(plain.with_name("records.jsonl.gz"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    plain.unlink()
+    assert probe.probe(tmp_path / "random") == good
