@@ -7,6 +7,12 @@ For each run folder, from the sampled held-out evaluations in its ``metrics.json
 on different states; 0 = the same distribution on every board) against the iteration, one line
 per run, and a table of when each run's spread first fell below ``--low`` and when it next rose
 above ``--high`` (the policy going blind, then reading the board again).
+
+``--at N`` compares runs of different lengths at one iteration: the periodic (64-task)
+evaluations at or before N, their last success and spread and the mean success of the last five
+(320 episodes), e.g. a short pilot against the same seeds of a longer run:
+
+    python benchmarks/spread_curves.py docs/data/fl_pilot/kl02_s2 docs/data/fl_credit/episode_s2 --at 150
 """
 
 from __future__ import annotations
@@ -20,22 +26,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from learner.report import read_metrics  # noqa: E402
 
 
-def curve(run: Path) -> list[tuple[int, float, float]]:
+def curve(run: Path, periodic_only: bool = False) -> list[tuple[int, float, float]]:
+    """(iteration, success, spread) of the sampled evaluations; with ``periodic_only`` only the
+    ``iter_N`` ones (not the 200-task start and final evaluations)."""
     rows = read_metrics(run / "metrics.jsonl")
     seen: dict[int, tuple[int, float, float]] = {}
     for r in rows:
+        if periodic_only and not str(r.get("phase", "")).startswith("iter_"):
+            continue
         if r.get("kind") == "eval" and r.get("decoding") == "sampled" and "action_spread" in r:
             seen[r["iteration"]] = (r["iteration"], r["success"], r["action_spread"])
     return [seen[k] for k in sorted(seen)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="write the plot here (PNG)")
     parser.add_argument("--low", type=float, default=0.05)
     parser.add_argument("--high", type=float, default=0.25)
-    args = parser.parse_args()
+    parser.add_argument("--at", type=int, default=None, metavar="N",
+                        help="also print each run's periodic evaluations at iteration N (last, and mean of the last five)")
+    args = parser.parse_args(argv)
     curves = {run: curve(run) for run in args.runs
               if (run / "metrics.jsonl").exists() or (run / "metrics.jsonl.gz").exists()}
     if not curves:
@@ -47,6 +59,17 @@ def main() -> int:
         rise = next((i for i, _, a in c if low is not None and i > low and a > args.high), None)
         print(f"{run.parent.name + '/' + run.name:<34} {str(low):>22} {str(rise):>18} "
               f"{c[-1][1]:14.3f} {c[-1][2]:13.2f}")
+    if args.at is not None:
+        print(f"\nperiodic evaluations at or before iteration {args.at}:")
+        print(f"{'run':<34} {'iteration':>9} {'success':>8} {'spread':>7} {'mean success, last 5':>21}")
+        for run in curves:
+            c = [e for e in curve(run, periodic_only=True) if e[0] <= args.at]
+            if not c:
+                print(f"{run.parent.name + '/' + run.name:<34} {'-':>9}")
+                continue
+            last5 = [s for _, s, _ in c[-5:]]
+            print(f"{run.parent.name + '/' + run.name:<34} {c[-1][0]:9d} {c[-1][1]:8.3f} {c[-1][2]:7.2f} "
+                  f"{sum(last5) / len(last5):21.3f}")
     if args.out:
         import matplotlib
 

@@ -73,3 +73,29 @@ def test_paired_summaries_pairs_by_seed_and_refuses_mismatched_seeds(tmp_path, c
     assert "over 3 seeds: +0.100 [-0.148, +0.348]" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not the same seed"):
         paired_summaries.main([a[0], "--", b[1]])
+
+
+def test_spread_curves_compares_runs_at_one_iteration_on_their_periodic_evaluations(tmp_path, capsys) -> None:
+    import json
+
+    from benchmarks import spread_curves
+
+    def run(name: str, periodic: list[tuple[int, float]], final: tuple[int, float]):
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = [{"kind": "eval", "iteration": i, "phase": f"iter_{i}", "decoding": "sampled", "success": s,
+                 "action_spread": 0.1} for i, s in periodic]
+        rows.append({"kind": "eval", "iteration": final[0], "phase": "final", "decoding": "sampled",
+                     "success": final[1], "action_spread": 0.3})
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(folder)
+
+    short = run("short", [(10, 0.1), (20, 0.2)], (20, 0.9))  # its final evaluation is not a periodic one
+    long = run("long", [(i, i / 100) for i in range(10, 80, 10)], (70, 0.95))
+    assert spread_curves.main([short, long, "--at", "20"]) == 0
+    out = capsys.readouterr().out.split("at or before iteration 20:")[1]
+    rows = {line.split()[0].split("/")[-1]: line.split()[1:] for line in out.strip().splitlines()[1:]}
+    assert rows["short"] == ["20", "0.200", "0.10", "0.150"]
+    assert rows["long"] == ["20", "0.200", "0.10", "0.150"]
+    assert spread_curves.main([long, "--at", "70"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].split()[1:] == ["70", "0.700", "0.10", "0.500"]
