@@ -157,6 +157,93 @@ def _plot(task: str, label: str, results: dict[str, list[RunResult]], out: Path)
     plt.close(fig)
 
 
+def _tau_of(method: str) -> float | None:
+    """The fixed tau an arm samples with: ``fresh`` 10, ``fresh_tauN`` N, ``per`` infinity; None
+    for ``--tau auto``, the arms without age decay and the ablations of other settings."""
+    if method == "per":
+        return math.inf
+    flags = METHODS["fresh"] if method == "fresh" else ABLATIONS.get(method.removeprefix("fresh_"), [])
+    if not method.startswith("fresh") or "--tau" not in flags:
+        return None
+    try:
+        return float(flags[flags.index("--tau") + 1])
+    except ValueError:  # auto
+        return None
+
+
+def ablation_lines(by_seed: dict[str, dict[int, RunResult]]) -> list[str]:
+    """A table of FreshPER's ablations, each paired on seeds against FreshPER itself."""
+    fresh = by_seed.get("fresh", {})
+    rows = []
+    for key, flags in ABLATIONS.items():
+        runs = by_seed.get(f"fresh_{key}", {})
+        if not runs:
+            continue
+        paired = [runs[s].final - fresh[s].final for s in runs if s in fresh]
+        rows.append(f"| `fresh_{key}` | `{shlex.join(flags)}` | {len(runs)} | {_ci([r.final for r in runs.values()])} "
+                    f"| {_ci(paired) + f' (n={len(paired)})' if paired else ''} |")
+    if not rows:
+        return []
+    return ["Ablations of FreshPER (`fresh`: " + shlex.join(METHODS["fresh"]) + "), each one setting changed, "
+            "paired on seeds against `fresh` itself:", "",
+            "| arm | changed | seeds | final | paired: final - fresh's, same seeds |", "|---|---|---|---|---|",
+            *rows, ""]
+
+
+def _plot_ablations(label: str, results: dict[str, list[RunResult]], out: Path) -> bool:
+    """Final held-out success against tau (fixed values, PER as infinity, ``auto`` as a band),
+    and of every other arm as a bar, each with its 95% interval over seeds."""
+    taus = sorted((t, m) for m, runs in results.items() if runs and (t := _tau_of(m)) is not None)
+    others = [m for m, runs in results.items() if runs and m != "fresh_tauauto" and (
+        m in ("none", "fresh", "uniform") or (m.startswith("fresh_") and _tau_of(m) is None))]
+    if len(taus) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def mean_ci(runs: list[RunResult]) -> tuple[float, float, float]:
+        finals = [r.final for r in runs]
+        lo, hi = seed_interval(finals) if len(finals) > 1 else (finals[0], finals[0])
+        return float(np.mean(finals)), lo, hi
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    finite = [t for t, _ in taus if math.isfinite(t)]
+    inf_at = (max(finite) * 4 if finite else 1.0)
+    xs = [t if math.isfinite(t) else inf_at for t, _ in taus]
+    stats = [mean_ci(results[m]) for _, m in taus]
+    ax.errorbar(xs, [m for m, _, _ in stats], yerr=[[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]],
+                fmt="o-", color="C0", capsize=4, label="fixed tau (infinity = standard PER)")
+    if results.get("fresh_tauauto"):
+        m, lo, hi = mean_ci(results["fresh_tauauto"])
+        ax.axhspan(lo, hi, color="C1", alpha=0.15)
+        ax.axhline(m, color="C1", lw=1.5, label="--tau auto (95% band)")
+    if results.get("none"):
+        ax.axhline(mean_ci(results["none"])[0], color="k", ls="--", lw=1, label="on-policy")
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{t:g}" if math.isfinite(t) else "inf\n(PER)" for t, _ in taus])
+    ax.minorticks_off()
+    ax.set_xlabel("tau (optimizer steps)")
+    ax.set_ylabel("final held-out success")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if others:
+        stats = [mean_ci(results[m]) for m in others]
+        bx.bar(range(len(others)), [m for m, _, _ in stats], color=[f"C{k + 2}" for k in range(len(others))],
+               yerr=[[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]], capsize=4)
+        bx.set_xticks(range(len(others)), others, rotation=30, ha="right", fontsize=8)
+        bx.set_ylabel("final held-out success")
+        bx.grid(alpha=0.3, axis="y")
+    else:
+        bx.axis("off")
+    fig.suptitle(f"{label}: FreshPER's settings (mean and 95% interval over seeds)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
 NOTES_START, NOTES_END = "<!-- notes: kept when the report is rewritten -->", "<!-- end of notes -->"
 
 
@@ -207,6 +294,11 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
         png = img_dir / f"results_{task}.png"
         _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)
         details += [f"## {spec.name}", "", f"![held-out success, {spec.name}]({png.relative_to(doc.parent)})", ""]
+        if ablations:
+            details += ablation_lines(by_seed)
+            abl_png = img_dir / f"results_{task}_ablations.png"
+            if _plot_ablations(spec.name, results, abl_png):
+                details += [f"![FreshPER's settings, {spec.name}]({abl_png.relative_to(doc.parent)})", ""]
         replay = {m: r for m, r in results.items() if r and r[0].ess}
         if replay:
             buckets = sorted({b for runs in replay.values() for r in runs for b in r.ess},
@@ -261,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             arms = {k: v for k, v in arms.items() if k in args.methods}
         common = ["--config", str(REPO / spec.config), "--iterations", str(args.iterations or spec.iterations),
                   *spec.extra, *args.extra]
-        commands.append(f"# {spec.name}: python train.py {shlex.join(common)} --seed <k> <method flags>")
+        shown = ["--config", str(spec.config), *common[2:]]  # the checkout-relative path a reader types
+        commands.append(f"# {spec.name}: python train.py {shlex.join(shown)} --seed <k> <method flags>")
         for arm, flags in arms.items():
             commands.append(f"#   {arm}: {shlex.join(flags)}")
         if not args.report_only:

@@ -36,3 +36,22 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     subprocess.run(cmd[:-len(TINY) - 1] + ["--report-only"], cwd=REPO, check=True, capture_output=True, text=True,
                    timeout=300)
     assert "PER trails on-policy here." in doc.read_text()
+    # the ablation section pairs each FreshPER variant with FreshPER on the same seed and plots tau
+    import json
+    import shutil
+
+    fresh_final = json.loads((out / "frozenlake" / "fresh_s0" / "summary.json").read_text())["evals"]["final"]["success"]
+    for arm, delta in (("fresh_tau2", -0.25), ("fresh_tau40", 0.25), ("fresh_k2", 0.5)):
+        shutil.copytree(out / "frozenlake" / "fresh_s0", out / "frozenlake" / f"{arm}_s0")
+        summary_path = out / "frozenlake" / f"{arm}_s0" / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary["evals"]["final"]["success"] = fresh_final + delta
+        summary_path.write_text(json.dumps(summary))
+    subprocess.run(cmd[:-len(TINY) - 1] + ["--report-only", "--ablations"], cwd=REPO, check=True,
+                   capture_output=True, text=True, timeout=300)
+    text = doc.read_text()
+    assert f"| `fresh_tau2` | `--tau 2` | 1 | {fresh_final - 0.25:.3f} | -0.250 (n=1) |" in text
+    assert f"| `fresh_tau40` | `--tau 40` | 1 | {fresh_final + 0.25:.3f} | 0.250 (n=1) |" in text
+    assert f"| `fresh_k2` | `--replay-ratio 2` | 1 | {fresh_final + 0.5:.3f} | 0.500 (n=1) |" in text
+    assert "fresh_classical" not in text.split("## Commands")[0]  # arms without runs are left out
+    assert (doc.parent / "img" / "results_frozenlake_ablations.png").stat().st_size > 10_000
