@@ -91,6 +91,11 @@ class RunResult:
     age_mass: list[float] | None
     age_edges: list[float] | None
     tau_last: float | None
+    updates: dict[str, float] = field(default_factory=dict)  # means over the replay iterations
+
+
+UPDATE_KEYS = {"grad_norm": "on-policy update: gradient norm", "replay_grad_norm": "replay update: gradient norm",
+               "tokens": "on-policy update: reply tokens", "replay_tokens": "replay update: reply tokens"}
 
 
 def read_run(run: Path) -> RunResult | None:
@@ -109,11 +114,14 @@ def read_run(run: Path) -> RunResult | None:
         if values:
             ess[key.removeprefix("ess/age_")] = float(np.mean(values))
     last = next((r for r in reversed(trains) if "buffer_age_mass" in r), None)
+    replayed = [r for r in trains if r.get("buffer_size") and "replay_grad_norm" in r]
+    updates = {k: float(np.mean([r[k] for r in replayed if k in r])) for k in UPDATE_KEYS
+               if any(k in r for r in replayed)}
     return RunResult(final=final["success"], best=max(s for _, _, s in curve) if curve else final["success"],
                      final_return=final.get("return_mean", float("nan")), evals=curve, ess=ess,
                      age_mass=None if last is None else last["buffer_age_mass"],
                      age_edges=None if last is None else last.get("buffer_age_edges"),
-                     tau_last=None if last is None else last.get("tau"))
+                     tau_last=None if last is None else last.get("tau"), updates=updates)
 
 
 def _ci(values: list[float]) -> str:
@@ -311,6 +319,17 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                          for b in buckets]
                 details.append(f"| {method} | " + " | ".join(cells) + " |")
             details.append("")
+            keys = [k for k in UPDATE_KEYS if any(k in r.updates for runs in replay.values() for r in runs)]
+            if keys:
+                details += ["The updates of an iteration (means over training and seeds; gradient norms before "
+                            "clipping at `--max-grad-norm`):", "",
+                            "| method | " + " | ".join(UPDATE_KEYS[k] for k in keys) + " |",
+                            "|---|" + "---|" * len(keys)]
+                for method, runs in replay.items():
+                    cells = [f"{np.mean([r.updates[k] for r in runs if k in r.updates]):.{3 if 'norm' in k else 0}f}"
+                             for k in keys]
+                    details.append(f"| {method} | " + " | ".join(cells) + " |")
+                details.append("")
             details += ["Sampling mass by item age at the end of training (buffer age histogram, mean over seeds):", ""]
             for method, runs in replay.items():
                 masses = [r.age_mass for r in runs if r.age_mass]
