@@ -95,6 +95,7 @@ class RunResult:
 
 
 UPDATE_KEYS = {"grad_norm": "on-policy update: gradient norm", "replay_grad_norm": "replay update: gradient norm",
+               "replay_weight_mean": "replay update: mean IS weight",
                "tokens": "on-policy update: reply tokens", "replay_tokens": "replay update: reply tokens"}
 
 
@@ -326,7 +327,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                             "| method | " + " | ".join(UPDATE_KEYS[k] for k in keys) + " |",
                             "|---|" + "---|" * len(keys)]
                 for method, runs in replay.items():
-                    cells = [f"{np.mean([r.updates[k] for r in runs if k in r.updates]):.{3 if 'norm' in k else 0}f}"
+                    cells = [f"{np.mean([r.updates[k] for r in runs if k in r.updates]):.{0 if 'tokens' in k else 3}f}"
                              for k in keys]
                     details.append(f"| {method} | " + " | ".join(cells) + " |")
                 details.append("")
