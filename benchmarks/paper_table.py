@@ -64,6 +64,7 @@ ABLATIONS = {
     "advantage": ["--priority", "advantage"],
     "k2": ["--replay-ratio", "2"],
     "classical": ["--is-weights", "classical"],
+    "k2advantage": ["--replay-ratio", "2", "--priority", "advantage"],  # the two best settings together
 }
 
 
