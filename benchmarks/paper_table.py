@@ -126,13 +126,24 @@ def read_run(run: Path) -> RunResult | None:
                      tau_last=None if last is None else last.get("tau"), updates=updates)
 
 
+def _mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% interval over seeds (one seed: the value itself as both ends)."""
+    lo, hi = seed_interval(values) if len(values) > 1 else (values[0], values[0])
+    return float(np.mean(values)), lo, hi
+
+
 def _ci(values: list[float]) -> str:
     if not values:
         return "n/a"
     if len(values) < 2:
         return f"{values[0]:.3f}"
-    lo, hi = seed_interval(values)
-    return f"{np.mean(values):.3f} [{lo:.3f}, {hi:.3f}]"
+    mean, lo, hi = _mean_interval(values)
+    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _paired(a: dict[int, RunResult], b: dict[int, RunResult]) -> list[float]:
+    """Final-score differences a - b on the seeds both have."""
+    return [a[s].final - b[s].final for s in a if s in b]
 
 
 def _plot(task: str, label: str, results: dict[str, list[RunResult]], out: Path) -> None:
@@ -189,7 +200,7 @@ def ablation_lines(by_seed: dict[str, dict[int, RunResult]]) -> list[str]:
         runs = by_seed.get(f"fresh_{key}", {})
         if not runs:
             continue
-        paired = [runs[s].final - fresh[s].final for s in runs if s in fresh]
+        paired = _paired(runs, fresh)
         rows.append(f"| `fresh_{key}` | `{shlex.join(flags)}` | {len(runs)} | {_ci([r.final for r in runs.values()])} "
                     f"| {_ci(paired) + f' (n={len(paired)})' if paired else ''} |")
     if not rows:
@@ -214,9 +225,7 @@ def _plot_ablations(label: str, results: dict[str, list[RunResult]], out: Path) 
     import matplotlib.pyplot as plt
 
     def mean_ci(runs: list[RunResult]) -> tuple[float, float, float]:
-        finals = [r.final for r in runs]
-        lo, hi = seed_interval(finals) if len(finals) > 1 else (finals[0], finals[0])
-        return float(np.mean(finals)), lo, hi
+        return _mean_interval([r.final for r in runs])
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     finite = [t for t, _ in taus if math.isfinite(t)]
@@ -295,8 +304,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                 continue
             finals, bests = [r.final for r in runs], [r.best for r in runs]
             rel = (np.mean(finals) - base) / base * 100 if base and math.isfinite(base) and base > 0 else float("nan")
-            paired = [by_seed[method][s].final - by_seed["none"][s].final
-                      for s in by_seed[method] if s in by_seed.get("none", {})] if method != "none" else []
+            paired = _paired(by_seed[method], by_seed.get("none", {})) if method != "none" else []
             paired_text = f"{_ci(paired)} (n={len(paired)})" if paired else ""
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
                          f"{np.mean(np.subtract(finals, bests)):+.3f} | {'' if method == 'none' else f'{rel:+.0f}%'} "

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from learner.report import read_metrics  # noqa: E402
 
 
-def curve(run: Path, periodic_only: bool = False) -> list[tuple[int, float, float]]:
+def curve(run: Path, periodic_only: bool = False, rows: list[dict] | None = None) -> list[tuple[int, float, float]]:
     """(iteration, success, spread) of the sampled evaluations; with ``periodic_only`` only the
     ``iter_N`` ones (not the 200-task start and final evaluations)."""
-    rows = read_metrics(run / "metrics.jsonl")
+    rows = read_metrics(run / "metrics.jsonl") if rows is None else rows
     seen: dict[int, tuple[int, float, float]] = {}
     for r in rows:
         if periodic_only and not str(r.get("phase", "")).startswith("iter_"):
@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at", type=int, default=None, metavar="N",
                         help="also print each run's periodic evaluations at iteration N (last, and mean of the last five)")
     args = parser.parse_args(argv)
-    curves = {run: curve(run) for run in args.runs
-              if (run / "metrics.jsonl").exists() or (run / "metrics.jsonl.gz").exists()}
+    metrics = {run: read_metrics(run / "metrics.jsonl") for run in args.runs
+               if (run / "metrics.jsonl").exists() or (run / "metrics.jsonl.gz").exists()}
+    curves = {run: curve(run, rows=rows) for run, rows in metrics.items()}
     if not curves:
         raise SystemExit("no run folder with a metrics.jsonl among the arguments")
     print(f"{'run':<34} {'spread < ' + str(args.low) + ' first at':>22} {'then > ' + str(args.high) + ' at':>18} "
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nperiodic evaluations at or before iteration {args.at}:")
         print(f"{'run':<34} {'iteration':>9} {'success':>8} {'spread':>7} {'mean success, last 5':>21}")
         for run in curves:
-            c = [e for e in curve(run, periodic_only=True) if e[0] <= args.at]
+            c = [e for e in curve(run, periodic_only=True, rows=metrics[run]) if e[0] <= args.at]
             if not c:
                 print(f"{run.parent.name + '/' + run.name:<34} {'-':>9}")
                 continue
