@@ -154,6 +154,10 @@ class Config:
     """Adam learning rate of the RL phase"""
     lr_warmup_steps: int = 0
     """linear learning-rate warm-up over this many optimizer steps"""
+    adam_beta1: float = 0.9
+    """Adam's first-moment (momentum) decay of the RL phase; 0: no momentum, each step follows its own batch's gradient"""
+    adam_beta2: float = 0.999
+    """Adam's second-moment decay of the RL phase"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     micro_batch: int = 256
@@ -303,6 +307,8 @@ def validate(cfg: Config) -> None:
         (cfg.context == "full" or (window[0] == "window" and len(window) == 2 and window[1].isdigit()),
          f"--context must be 'full' or 'window:k', got {cfg.context!r}"),
         (math.isfinite(cfg.lr) and cfg.lr > 0, f"--lr must be a positive number, got {cfg.lr}"),
+        (0.0 <= cfg.adam_beta1 < 1.0 and 0.0 <= cfg.adam_beta2 < 1.0,
+         f"--adam-beta1 and --adam-beta2 must be in [0, 1), got {cfg.adam_beta1} and {cfg.adam_beta2}"),
         (cfg.pretrain_steps is None or cfg.pretrain_steps >= 0, "--pretrain-steps must be >= 0"),
         (0.0 <= cfg.pretrain_dynamics <= 1.0, "--pretrain-dynamics must be in [0, 1]"),
         (0.0 <= cfg.pretrain_observe <= cfg.pretrain_dynamics, "--pretrain-observe must be in [0, --pretrain-dynamics]"),
@@ -491,9 +497,10 @@ def setup(cfg: Config) -> Run:
         replay = ReplaySettings(cfg.replay, cfg.buffer_capacity, cfg.alpha, 10.0 if auto_tau else float(cfg.tau),
                                 cfg.beta, cfg.beta_final, cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed,
                                 auto_tau=auto_tau, target_ess=cfg.tau_target_ess, is_weights=cfg.is_weights)
-        state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay)
+        betas = (cfg.adam_beta1, cfg.adam_beta2)
+        state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay, betas)
         if resume is not None:
-            state.load(resume, cfg.lr)
+            state.load(resume, cfg.lr, betas)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         metrics = MetricsLogger(run_dir, cfg.tensorboard,

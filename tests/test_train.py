@@ -295,13 +295,19 @@ def test_resume_refuses_settings_that_shaped_the_run_and_applies_the_rest(tmp_pa
         with pytest.raises(ValueError, match=f"cannot change {name}"):
             train.parse_config(["--resume", run, *flags])
         assert train.main(["--resume", run, *flags]) == 2
-    cfg = train.parse_config(["--resume", run, "--iterations", "3", "--lr", "0.05"])
-    assert (cfg.lr, cfg.iterations, cfg.replay) == (0.05, 3, "fresh")
+    first = torch.load(list_checkpoints(tmp_path / "r" / "checkpoints")[-1] / "trainer.pt", weights_only=True)
+    assert all(tuple(g["betas"]) == (0.9, 0.999) for g in first["optimizer"]["param_groups"])
+    cfg = train.parse_config(["--resume", run, "--iterations", "3", "--lr", "0.05", "--adam-beta1", "0"])
+    assert (cfg.lr, cfg.adam_beta1, cfg.iterations, cfg.replay) == (0.05, 0.0, 3, "fresh")
     train.train(cfg)
     ckpt = list_checkpoints(tmp_path / "r" / "checkpoints")[-1]
     saved = torch.load(ckpt / "trainer.pt", weights_only=True)
-    assert all(g["lr"] == pytest.approx(0.05) for g in saved["optimizer"]["param_groups"])  # the flag took effect
+    # the flags took effect, although the restored optimizer brought its own lr and betas back
+    assert all(g["lr"] == pytest.approx(0.05) for g in saved["optimizer"]["param_groups"])
+    assert all(tuple(g["betas"]) == (0.0, 0.999) for g in saved["optimizer"]["param_groups"])
     assert yaml.safe_load((ckpt / "config.yaml").read_text())["lr"] == 0.05
+    with pytest.raises(ValueError, match="--adam-beta1"):
+        train.parse_config(["--adam-beta1", "1.0"])
 
 
 def test_resume_outside_its_run_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
