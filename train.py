@@ -497,10 +497,10 @@ def setup(cfg: Config) -> Run:
         replay = ReplaySettings(cfg.replay, cfg.buffer_capacity, cfg.alpha, 10.0 if auto_tau else float(cfg.tau),
                                 cfg.beta, cfg.beta_final, cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed,
                                 auto_tau=auto_tau, target_ess=cfg.tau_target_ess, is_weights=cfg.is_weights)
-        betas = (cfg.adam_beta1, cfg.adam_beta2)
-        state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay, betas)
+        state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay,
+                             (cfg.adam_beta1, cfg.adam_beta2))
         if resume is not None:
-            state.load(resume, cfg.lr, betas)
+            state.load(resume)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         metrics = MetricsLogger(run_dir, cfg.tensorboard,

@@ -40,19 +40,18 @@ def weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def steps(ckpts: list[Path]) -> list[dict]:
     """Per consecutive pair: the step's norm, its cosine with the previous step, the top tensors."""
-    rows, prev_w, prev_step = [], None, None
+    rows, prev_w, prev_step, prev_norm = [], None, None, 0.0
     for ckpt in ckpts:
         w = weights(ckpt)
         if prev_w is not None:
             delta = {k: (w[k] - prev_w[k]).flatten() for k in w}
             flat = torch.cat([delta[k] for k in sorted(delta)])
-            cos = None
-            if prev_step is not None and flat.norm() > 0 and prev_step.norm() > 0:
-                cos = float(torch.dot(flat, prev_step) / (flat.norm() * prev_step.norm()))
-            top = sorted(delta, key=lambda k: -float(delta[k].norm()))[:3]
-            rows.append({"checkpoint": ckpt.name, "norm": float(flat.norm()), "cos_prev": cos,
-                         "top": [(k, float(delta[k].norm())) for k in top]})
-            prev_step = flat
+            norm = float(flat.norm())
+            cos = float(torch.dot(flat, prev_step)) / (norm * prev_norm) if prev_step is not None and norm * prev_norm > 0 else None
+            sizes = {k: float(d.norm()) for k, d in delta.items()}
+            top = sorted(sizes, key=sizes.get, reverse=True)[:3]
+            rows.append({"checkpoint": ckpt.name, "norm": norm, "cos_prev": cos, "top": [(k, sizes[k]) for k in top]})
+            prev_step, prev_norm = flat, norm
         prev_w = w
     return rows
 

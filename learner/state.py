@@ -79,7 +79,8 @@ class TrainerState:
 
     def __init__(self, params, lr: float, lr_warmup_steps: int, replay: ReplaySettings,
                  betas: tuple[float, float] = (0.9, 0.999)) -> None:
-        self.optimizer = torch.optim.Adam(params, lr=lr, betas=tuple(betas))
+        self.lr, self.betas = float(lr), (float(betas[0]), float(betas[1]))
+        self.optimizer = torch.optim.Adam(params, lr=self.lr, betas=self.betas)
         warm = max(1, int(lr_warmup_steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
         self.replay = replay
@@ -99,11 +100,6 @@ class TrainerState:
             group["initial_lr"] = lr
             group["lr"] = lr * factor
 
-    def set_betas(self, betas: tuple[float, float]) -> None:
-        """Make ``betas`` Adam's moment decays from now on (the moments already kept stay)."""
-        for group in self.optimizer.param_groups:
-            group["betas"] = (float(betas[0]), float(betas[1]))
-
     def save(self, folder: Path) -> None:
         """Write ``trainer.pt`` (optimizer, schedule, counters, RNG states) and ``replay.npz``."""
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -113,9 +109,10 @@ class TrainerState:
         if self.buffer is not None:
             self.buffer.save(folder / REPLAY_FILE, TrajectoryCodec())
 
-    def load(self, folder: Path, lr: float, betas: tuple[float, float] | None = None) -> None:
-        """Restore what :meth:`save` wrote (the RNG states too) and apply ``lr`` (and ``betas``,
-        which the saved optimizer would otherwise bring back)."""
+    def load(self, folder: Path) -> None:
+        """Restore what :meth:`save` wrote (the RNG states too), then apply this state's learning
+        rate and Adam betas, which the saved optimizer would otherwise bring back (the moments
+        already kept stay)."""
         try:
             saved = torch.load(folder / TRAINER_FILE, weights_only=True)
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -138,6 +135,6 @@ class TrainerState:
             if differ:
                 raise CheckpointError(f"the replay buffer in {folder} was built with other settings "
                                       f"(saved, configured): {differ}")
-        self.set_lr(lr)
-        if betas is not None:
-            self.set_betas(betas)
+        self.set_lr(self.lr)
+        for group in self.optimizer.param_groups:
+            group["betas"] = self.betas
