@@ -118,6 +118,10 @@ class Config:
     """share of observation examples (the state as shown -> the state as text), taken from the dynamics share: perception alone, for image tasks"""
     pretrain_seconds: float | None = None
     """stop pretraining after this many seconds (a capped pretraining is not cached)"""
+    reasoning: str = "none"
+    """what a reply writes before its answer: 'none', or 'lookahead': what each legal action leads to (the task's lookahead_text) in a think tag, taught by the pretraining's format replies; needs --max-new-tokens room for it"""
+    think_loss: bool = True
+    """train the tokens of a reply's think tag like its other sampled tokens; --no-think-loss leaves <think> ... </think> out of the RL loss (the answer alone is trained)"""
 
     # -- rollouts and the RL schedule -------------------------------------------------------
     tasks_per_iter: int = 8
@@ -243,7 +247,7 @@ class Config:
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
-                    "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
+                    "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
 
 
@@ -334,6 +338,7 @@ def validate(cfg: Config) -> None:
         (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.alpha >= 0),
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
+        (cfg.reasoning in ("none", "lookahead"), f"--reasoning must be none|lookahead, got {cfg.reasoning!r}"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
         (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
          and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),
@@ -420,6 +425,7 @@ class Run:
     resumed_from: Path | None
     lock: Any
     ref: Any = None
+    skip_span: tuple[int, int] | None = None  # token ids (open, close) of spans out of the loss
     start_report: dict[str, Any] = field(default_factory=dict)
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     wall_start: float = field(default_factory=time.monotonic)
@@ -451,6 +457,8 @@ def setup(cfg: Config) -> Run:
             raise ValueError(f"--train-env-kwargs {json.dumps(cfg.train_env_kwargs)}: {cfg.env_id} cannot be built "
                              f"with them: {exc}") from exc
     modality = envs.task_spec(cfg.env_id).modality
+    if cfg.reasoning == "lookahead":
+        check_lookahead(cfg.env_id, cfg.env_kwargs)
     configure_threads(cfg.threads)
     update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
     resume = resolve_resume(cfg.resume) if cfg.resume else None
@@ -519,7 +527,8 @@ def setup(cfg: Config) -> Run:
               rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1), metrics,
               LossConfig(loss=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                          tis_cap=cfg.tis_cap, sequence_ratio=cfg.sequence_ratio, kl_coef=cfg.kl_coef),
-              update_threads, resume, lock, start_report=start_report)
+              update_threads, resume, lock, start_report=start_report,
+              skip_span=None if cfg.think_loss else think_span(policy))
     if resume is not None:
         for row in read_metrics(run_dir / "metrics.jsonl"):
             if row.get("kind") == "eval" and str(row.get("phase")).startswith("baseline"):
@@ -528,11 +537,35 @@ def setup(cfg: Config) -> Run:
     return run
 
 
+def think_span(policy) -> tuple[int, int]:
+    """The token ids of ``<think>`` and ``</think>`` (``--no-think-loss``); each must be one token."""
+    ids = [policy.tokenizer.encode(tag, add_special_tokens=False) for tag in ("<think>", "</think>")]
+    if any(len(i) != 1 for i in ids):
+        raise ValueError(f"--no-think-loss needs <think> and </think> to be single tokens of the model's vocabulary; "
+                         f"they encode as {ids[0]} and {ids[1]}")
+    return ids[0][0], ids[1][0]
+
+
+def check_lookahead(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """Refuse ``--reasoning lookahead`` at start for a task that does not implement it."""
+    import envs
+
+    env = envs.make(env_id, **dict(env_kwargs))
+    try:
+        env.reset(seed=0)
+        env.unwrapped.lookahead_text()
+    except NotImplementedError as exc:
+        raise ValueError(f"--reasoning lookahead: {exc}") from None
+    finally:
+        env.close()
+
+
 def pretrain_config(cfg: Config):
     from learner.pretrain import PretrainConfig
 
     return PretrainConfig(steps=400 if cfg.pretrain_steps is None else cfg.pretrain_steps, batch=cfg.pretrain_batch,
                           lr=cfg.pretrain_lr, dynamics_fraction=cfg.pretrain_dynamics, observe_fraction=cfg.pretrain_observe,
+                          reasoning=cfg.reasoning,
                           max_grad_norm=cfg.max_grad_norm,
                           seconds=cfg.pretrain_seconds)
 
@@ -575,7 +608,7 @@ def update(run: Run, trajs: list, weights, ages, on_policy: bool) -> dict[str, A
     with torch_threads(run.update_threads):
         return policy_update(run.policy, run.ref, run.state.optimizer, run.state.scheduler, trajs, weights, ages,
                              loss_cfg=run.loss_cfg, temperature=cfg.temperature, micro_batch=cfg.micro_batch,
-                             max_grad_norm=cfg.max_grad_norm, on_policy=on_policy)
+                             max_grad_norm=cfg.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span)
 
 
 def base_priorities(cfg: Config, records: list) -> np.ndarray:
@@ -762,7 +795,8 @@ def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None) -> t
     }
     out.update(task_turn_diagnostics(cfg.env_id, result.records))
     if cfg.diagnostics and not greedy:
-        out.update(policy_diagnostics(run.policy, cfg.env_id, cfg.env_kwargs, temperature=cfg.temperature))
+        out.update(policy_diagnostics(run.policy, cfg.env_id, cfg.env_kwargs, temperature=cfg.temperature,
+                                      reasoning=cfg.reasoning))
     return out, result.records
 
 

@@ -28,6 +28,8 @@ what a task declares or implements         what it is for / the default
 ``describe_action(reply)``                 the answer tag's content
 ``outcome_text(terminated, success)``      the new state (``render_text``), or
                                            ``success``/``failure``
+``lookahead_text()``                       optional: what each legal action leads to, in a
+                                           few words (the ``--reasoning lookahead`` prefix)
 ``counterfactual_probes(rng, n)``          none
 ``before_batch_step(envs, replies)``       class method; nothing
 ``turn_diagnostics(turns)``                class method; ``{}``: task-specific numbers over
@@ -52,6 +54,12 @@ _ANSWER_CLOSE = "</answer>"
 # Lowercases ASCII only, so indices stay aligned with the original reply: str.lower() can
 # change the length of non-ASCII text (e.g. "İ" -> "i̇"), which would shift every slice.
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def think_reply(lookahead: str, reply: str) -> str:
+    """``reply`` with ``lookahead`` before it in a think tag: ``<think>...</think><answer>...``.
+    Parsing reads the last complete answer tag, so the env executes the same action."""
+    return f"<think>{lookahead}</think>{reply}"
 
 
 def extract_tag(reply: str, tag: str = "answer") -> str | None:
@@ -229,6 +237,16 @@ class MultiTurnEnv(gym.Env[dict, str]):
         if terminated:
             return "success" if success else "failure"
         return self.render_text()
+
+    def lookahead_text(self) -> str:
+        """What each legal action leads to in the current state, in a few words (FrozenLake:
+        ``" Left - Down F Right H Up -"``, the cell each move steps on). With ``--reasoning
+        lookahead`` the pretraining's format replies start with it in a think tag
+        (:func:`think_reply`), so the policy learns to write what it sees next to it before
+        it answers; no word of it says which action is good. Optional: tasks without it
+        train with ``--reasoning none``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement lookahead_text(); train it with --reasoning none")
 
     @classmethod
     def before_batch_step(cls, envs: "Sequence[MultiTurnEnv]", replies: Sequence[str]) -> None:

@@ -158,6 +158,9 @@ class FrozenLakeEnv(MultiTurnEnv):
         is_slippery: gymnasium's slippery dynamics (1/3 intended, 1/3 each perpendicular).
         max_turns: turn limit; default ``nrow + ncol`` (8 on 4x4: the 6-move path plus 2).
         format_penalty: reward of an invalid reply.
+        hole_reward: reward of falling into a hole (gymnasium's 0 by default). Success is
+            still reaching the goal; a negative value tells a fall from a walk that runs out of
+            turns, which the default scores the same.
         render_mode: ``"ansi"`` (the board text) or ``"rgb_array"`` (the board image).
         feedback: include the move feedback and turns left in observations after a step;
             ``False``: the board alone.
@@ -175,6 +178,7 @@ class FrozenLakeEnv(MultiTurnEnv):
         is_slippery: bool = False,
         max_turns: int | None = None,
         format_penalty: float = -0.1,
+        hole_reward: float = 0.0,
         render_mode: str | None = None,
         feedback: bool = True,
     ) -> None:
@@ -193,6 +197,9 @@ class FrozenLakeEnv(MultiTurnEnv):
             check_map_settings(self.size, self.p)
         self.nrow, self.ncol = (len(desc), len(desc[0])) if desc is not None else (self.size, self.size)
         self.is_slippery = bool(is_slippery)
+        self.hole_reward = float(hole_reward)
+        if not np.isfinite(self.hole_reward):
+            raise ValueError(f"hole_reward must be a finite number, got {hole_reward}")
         super().__init__(
             max_turns=max_turns if max_turns is not None else self.nrow + self.ncol,
             format_penalty=format_penalty,
@@ -279,7 +286,7 @@ class FrozenLakeEnv(MultiTurnEnv):
         else:
             feedback = f"You moved {ACTIONS[action]}."
         if cell == "H":
-            return 0.0, feedback + " You fell into a hole.", True, False
+            return self.hole_reward, feedback + " You fell into a hole.", True, False
         if cell == "G":
             return 1.0, feedback + " You reached the goal!", True, True
         return 0.0, feedback, False, False
@@ -291,6 +298,11 @@ class FrozenLakeEnv(MultiTurnEnv):
     def legal_actions(self) -> list[str]:
         """The moves whose intended step stays on the board (for format warm-up replies)."""
         return [ACTIONS[a] for a in range(4) if self._target(self.pos, a) != self.pos]
+
+    def lookahead_text(self) -> str:
+        """The cell each move steps on, in action order: ``" Left - Down F Right H Up -"``
+        (``-`` where the move would leave the board; the letters of the board notation)."""
+        return _lookahead(self.desc, self.pos)
 
     @staticmethod
     def format_reply(action: int | str) -> str:
@@ -343,9 +355,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         counted is the move the env executed.
 
         Returns ``probe_states`` (qualifying turns), ``probe_down_right`` (of those, replies of
-        Down or Right) and ``probe_safe_rate`` (NaN when there were none).
+        Down or Right) and ``probe_safe_rate`` (NaN when there were none). Where replies write a
+        lookahead (``--reasoning lookahead``), also ``lookahead_turns`` (turns on a board with a
+        think tag) and ``lookahead_exact``: how often it names all four cells right.
         """
-        safe = unsafe = other = 0
+        safe = unsafe = other = thought = exact = 0
         for observation, reply in turns:
             board = parse_board(observation or "")
             if board is None:
@@ -354,6 +368,10 @@ class FrozenLakeEnv(MultiTurnEnv):
             if len(where) != 1:
                 continue
             r, c = where[0]
+            think = extract_tag(reply, "think") if isinstance(reply, str) else None
+            if think is not None:
+                thought += 1
+                exact += think == _lookahead(board, (r, c)).strip()
             if r + 1 >= len(board) or c + 1 >= len(board[0]):
                 continue
             down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"
@@ -368,11 +386,14 @@ class FrozenLakeEnv(MultiTurnEnv):
             else:
                 unsafe += 1
         n = safe + unsafe
-        return {
+        out = {
             "probe_states": float(n + other),
             "probe_down_right": float(n),
             "probe_safe_rate": safe / n if n else float("nan"),
         }
+        if thought:
+            out.update(lookahead_turns=float(thought), lookahead_exact=exact / thought)
+        return out
 
     # -- pictures -----------------------------------------------------------------------
     def render_image(self) -> np.ndarray:
@@ -400,6 +421,17 @@ class FrozenLakeVisionEnv(FrozenLakeEnv):
 
     def state_text(self) -> str:
         return IMAGE_PLACEHOLDER
+
+
+def _lookahead(board: Sequence[Sequence[str]], pos: tuple[int, int]) -> str:
+    """:meth:`FrozenLakeEnv.lookahead_text` of a board (rows of cell letters) with P at ``pos``."""
+    cells = []
+    for a in range(4):
+        dr, dc = _MOVES[a]
+        r, c = pos[0] + dr, pos[1] + dc
+        inside = 0 <= r < len(board) and 0 <= c < len(board[0])
+        cells.append(f" {ACTIONS[a]} {board[r][c] if inside else '-'}")
+    return "".join(cells)
 
 
 def _check_desc(desc: Any, shape: tuple[int, int] | None = None) -> list[str]:

@@ -15,6 +15,7 @@ micro-batches with that denominator equals the loss of the batch in one pass.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -65,14 +66,32 @@ def _chunks(rows: list, size: int) -> list[list]:
     return [rows[i : i + size] for i in range(0, len(rows), max(1, size))]
 
 
+def drop_span(sample: Sample, open_id: int, close_id: int) -> Sample:
+    """``sample`` with every sampled span from ``open_id`` through the next ``close_id``
+    (e.g. ``<think>`` ... ``</think>``; to the end when it is not closed) out of the loss mask."""
+    ids = np.asarray(sample.token_ids)
+    opens = np.flatnonzero((ids == open_id) & (sample.loss_mask > 0))
+    if not len(opens):
+        return sample
+    mask = sample.loss_mask.copy()
+    for start in opens:
+        closes = np.flatnonzero(ids[start:] == close_id)
+        mask[start : start + closes[0] + 1 if len(closes) else len(ids)] = 0
+    return dataclasses.replace(sample, loss_mask=mask, behavior_logprobs=np.where(mask > 0, sample.behavior_logprobs, 0.0))
+
+
 def make_batches(trajs: Sequence[Trajectory], weights: Sequence[float] | np.ndarray | None = None,
-                 ages: Sequence[float] | np.ndarray | None = None, micro_batch: int = 256) -> list[Batch]:
+                 ages: Sequence[float] | np.ndarray | None = None, micro_batch: int = 256,
+                 skip_span: tuple[int, int] | None = None) -> list[Batch]:
     """Micro-batches of every sample with sampled tokens, each carrying its trajectory's PER
-    weight and age and its advantage (the sample's own where stored, else the trajectory's)."""
+    weight and age and its advantage (the sample's own where stored, else the trajectory's).
+    ``skip_span``: (open, close) token ids whose spans get no loss (:func:`drop_span`)."""
     n = len(trajs)
     weights = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     ages = np.zeros(n) if ages is None else np.asarray(ages, dtype=np.float64)
     rows = [(i, s) for i, t in enumerate(trajs) for s in t.samples if s.num_sampled > 0]
+    if skip_span is not None:
+        rows = [(i, s) for i, s in ((i, drop_span(s, *skip_span)) for i, s in rows) if s.num_sampled > 0]
     total = float(sum(s.num_sampled for _, s in rows))
     out = []
     for chunk in _chunks(rows, micro_batch):

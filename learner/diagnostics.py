@@ -13,7 +13,10 @@ scored in full and renormalised over the task's actions; no sampling):
   the probability of the action that detail favours. 0 for a policy blind to it; up to 1.
 
 Prompts are built as a ``window:0`` runner builds them (instructions and the current
-observation), the setting these diagnostics are meant for.
+observation), the setting these diagnostics are meant for. With ``reasoning="lookahead"``
+every candidate reply starts with the state's true lookahead in a think tag
+(:func:`envs.base.think_reply`), the same for all actions of a state, so the distribution is
+that of the answer given correct lookahead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
+from envs.base import think_reply
 from learner.batch import batch_logprobs, supervised_batches
 
 #: Seeds of the diagnostic states: a block of their own, far from training and evaluation seeds.
@@ -37,14 +41,16 @@ def _prompt(obs: dict, instructions: str, first: bool, with_images: bool) -> tup
 
 @torch.no_grad()
 def action_probabilities(policy, states: list[tuple[str, list[np.ndarray]]], replies: list[str],
-                         temperature: float = 1.0, micro_batch: int = 256) -> np.ndarray:
+                         temperature: float = 1.0, micro_batch: int = 256,
+                         prefixes: list[str] | None = None) -> np.ndarray:
     """``[len(states), len(replies)]``: each reply's probability (EOS included) in each state,
-    renormalised over ``replies``."""
+    renormalised over ``replies``; ``prefixes[i]`` (optional) maps a reply to state ``i``'s
+    full reply (e.g. its lookahead before the answer), scored as a whole."""
     samples, images = [], []
-    encoded = [policy.encode_reply(r) for r in replies]
-    for text, ims in states:
+    for i, (text, ims) in enumerate(states):
         prompt = policy.chat.first_message(text, ims)
-        for reply in encoded:
+        shown = replies if prefixes is None else [think_reply(prefixes[i], r) for r in replies]
+        for reply in (policy.encode_reply(r) for r in shown):
             samples.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply)),
                                   list(range(len(ims)))))
             images.append(list(ims))
@@ -57,10 +63,11 @@ def action_probabilities(policy, states: list[tuple[str, list[np.ndarray]]], rep
     return p / p.sum(axis=1, keepdims=True)
 
 
-def _random_states(env, n: int, rng: np.random.Generator, with_images: bool) -> tuple[list, set[str]]:
-    """``n`` observed states from short random walks, and the legal actions seen in them."""
+def _random_states(env, n: int, rng: np.random.Generator, with_images: bool) -> tuple[list, set[str], list[str]]:
+    """``n`` observed states from short random walks, the legal actions seen in them, and each
+    state's lookahead (empty strings where the task has none)."""
     task = env.unwrapped
-    states, actions = [], set()
+    states, actions, lookahead = [], set(), []
     for i in range(n * 3):
         if len(states) >= n:
             break
@@ -74,13 +81,23 @@ def _random_states(env, n: int, rng: np.random.Generator, with_images: bool) -> 
         else:
             states.append(_prompt(obs, instructions, first, with_images))
             actions.update(task.legal_actions())
-    return states, actions
+            lookahead.append(_lookahead(task))
+    return states, actions, lookahead
+
+
+def _lookahead(task) -> str:
+    try:
+        return task.lookahead_text()
+    except NotImplementedError:
+        return ""
 
 
 def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *, states: int = 32,
-                       probes: int = 32, temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+                       probes: int = 32, temperature: float = 1.0, seed: int = 0,
+                       reasoning: str = "none") -> dict[str, float]:
     """``action_spread`` and ``counterfactual_shift`` (see the module docstring) of ``policy``
-    on ``env_id``; tasks without discrete actions or probes report only what they support."""
+    on ``env_id``; tasks without discrete actions or probes report only what they support.
+    ``reasoning="lookahead"``: replies are scored after the state's lookahead."""
     from envs.registry import make
 
     env = make(env_id, **dict(env_kwargs or {}))
@@ -94,25 +111,28 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
             pass
         rng = np.random.default_rng(seed)
         with_images = policy.is_vision
-        observed, actions = _random_states(env, states, rng, with_images)
+        observed, actions, lookahead = _random_states(env, states, rng, with_images)
+        prefixes = lookahead if reasoning == "lookahead" else None
         if not actions:
             return {}
         names = sorted(actions)
         replies = [task.format_reply(a) for a in names]
         out: dict[str, float] = {}
         if len(observed) >= 2:
-            p = action_probabilities(policy, observed, replies, temperature)
+            p = action_probabilities(policy, observed, replies, temperature, prefixes=prefixes)
             tv = 0.5 * np.abs(p[:, None, :] - p[None, :, :]).sum(-1)
             k = len(p)
             out["action_spread"] = float(tv.sum() / (k * (k - 1)))
         pairs = task.counterfactual_probes(np.random.default_rng(seed + 1), probes)
         if pairs:
-            shown = []
+            shown, ahead = [], []
             for options_a, options_b, _ in pairs:
                 for options in (options_a, options_b):
                     obs, info = env.reset(seed=DIAGNOSTIC_SEED_BASE, options=options)
                     shown.append(_prompt(obs, info.get("instructions", ""), True, with_images))
-            p = action_probabilities(policy, shown, replies, temperature)
+                    ahead.append(_lookahead(task))
+            p = action_probabilities(policy, shown, replies, temperature,
+                                     prefixes=ahead if reasoning == "lookahead" else None)
             col = np.array([names.index(action) for _, _, action in pairs])
             rows = np.arange(len(pairs))
             out["counterfactual_shift"] = float(np.mean(p[2 * rows + 1, col] - p[2 * rows, col]))

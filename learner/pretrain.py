@@ -11,7 +11,10 @@ without telling the model which action is good:
   state in the task's text notation, or how the episode ended: ``hole``/``goal`` on FrozenLake);
 - a **format** example is the task prompt of a state and a random well-formed reply
   (:meth:`~envs.base.MultiTurnEnv.sample_reply`), so the model learns to answer in format and
-  with no preference between actions.
+  with no preference between actions. With ``reasoning="lookahead"`` the reply starts with
+  what each legal action leads to (:meth:`~envs.base.MultiTurnEnv.lookahead_text`) in a think
+  tag, ``<think> Left - Down F Right H Up -</think><answer>Down</answer>``, so the policy
+  learns to write what lies next to it before it answers (the answer is still random).
 
 States come from random play: ``batch`` streams each play their own episodes of the task with
 random well-formed replies, one transition per stream per step (new tasks from a seed block
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
+from envs.base import think_reply
 from learner.seeds import pretrain_seed
 from learner.update import nll_per_sample, supervised_step
 
@@ -50,6 +54,8 @@ logger = logging.getLogger(__name__)
 #: Bump when the examples or the training change, so cached pretrained models are rebuilt.
 PRETRAIN_VERSION = 1
 MARKER = "freshper_pretrain.json"
+#: What a reply writes before its answer: nothing, or the task's lookahead in a think tag.
+REASONINGS = ("none", "lookahead")
 
 
 @dataclass
@@ -67,6 +73,9 @@ class PretrainConfig:
     observe_fraction: float = 0.0
     """share of observation examples (the state shown -> the state in the task's text notation),
     taken from the dynamics share: pure perception, useful where the state is an image"""
+    reasoning: str = "none"
+    """``"lookahead"``: format replies start with the task's lookahead in a think tag (see the
+    module docstring); ``"none"``: the bare reply"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     seconds: float | None = None
@@ -81,6 +90,8 @@ class PretrainConfig:
             raise ValueError(f"observe_fraction must be in [0, dynamics_fraction], got {self.observe_fraction}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"pretraining lr must be a positive number, got {self.lr}")
+        if self.reasoning not in REASONINGS:
+            raise ValueError(f"reasoning must be one of {REASONINGS}, got {self.reasoning!r}")
 
 
 @dataclass
@@ -111,7 +122,8 @@ class TransitionStreams:
     """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int,
-                 dynamics_fraction: float, with_images: bool, observe_fraction: float = 0.0) -> None:
+                 dynamics_fraction: float, with_images: bool, observe_fraction: float = 0.0,
+                 reasoning: str = "none") -> None:
         from envs.registry import make
 
         self.envs = [make(env_id, **dict(env_kwargs or {})) for _ in range(n)]
@@ -119,6 +131,7 @@ class TransitionStreams:
         self.seed = seed
         self.dynamics_fraction = dynamics_fraction
         self.observe_fraction = observe_fraction
+        self.reasoning = reasoning
         self.with_images = with_images
         self._episodes = 0
         self._state: list[tuple[dict, str, bool] | None] = [None] * n  # (obs, instructions, first turn)
@@ -154,6 +167,8 @@ class TransitionStreams:
                 out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
                                    "observe"))
             action = task.describe_action(reply)
+            if kind == "format" and self.reasoning == "lookahead":
+                reply = think_reply(task.lookahead_text(), reply)
             nxt, _, terminated, truncated, info = env.step(reply)
             if kind == "dynamics":
                 outcome = task.outcome_text(bool(terminated), bool(info.get("success", False)))
@@ -188,9 +203,9 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
     from tqdm.auto import tqdm
 
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
-                                cfg.observe_fraction)
+                                cfg.observe_fraction, cfg.reasoning)
     held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision,
-                             cfg.observe_fraction)
+                             cfg.observe_fraction, cfg.reasoning)
     try:
         held_examples = held.examples() + held.examples()
     finally:
@@ -240,6 +255,8 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
     recipe = dataclasses.asdict(cfg)
     if not recipe["observe_fraction"]:  # the recipe before observation examples existed: same models, same keys
         del recipe["observe_fraction"]
+    if recipe["reasoning"] == "none":  # likewise before the lookahead existed
+        del recipe["reasoning"]
     blob = json.dumps([PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed],
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -292,9 +309,10 @@ def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwa
 
 
 def iter_examples(env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int = 0,
-                  dynamics_fraction: float = 0.5, with_images: bool = False) -> Iterator[Example]:
+                  dynamics_fraction: float = 0.5, with_images: bool = False,
+                  reasoning: str = "none") -> Iterator[Example]:
     """``n`` examples of a task, for inspection (``python -m learner.pretrain --show``)."""
-    streams = TransitionStreams(env_id, env_kwargs, 1, seed, dynamics_fraction, with_images)
+    streams = TransitionStreams(env_id, env_kwargs, 1, seed, dynamics_fraction, with_images, reasoning=reasoning)
     try:
         for _ in range(n):
             yield from streams.examples()
@@ -314,12 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N examples and exit")
     for f in dataclasses.fields(PretrainConfig):
-        parser.add_argument("--" + f.name.replace("_", "-"), type=float if f.type in ("float", "float | None") else int,
-                            default=f.default)
+        kind = {"float": float, "float | None": float, "str": str}.get(f.type, int)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
+                            **({"choices": REASONINGS} if f.name == "reasoning" else {}))
     args = parser.parse_args(argv)
     kwargs = default_env_kwargs(args.env_id, "window:0")
     if args.show:
-        for ex in iter_examples(args.env_id, kwargs, args.show, args.seed, args.dynamics_fraction):
+        for ex in iter_examples(args.env_id, kwargs, args.show, args.seed, args.dynamics_fraction,
+                                reasoning=args.reasoning):
             print(f"--- {ex.kind}\n[user]\n{ex.text}\n[assistant]\n{ex.reply}")
         return 0
     cfg = PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)})

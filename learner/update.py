@@ -18,18 +18,20 @@ from learner.loss import LossConfig, LossStats, grpo_loss
 
 def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: Sequence[float] | np.ndarray,
                   ages: Sequence[float] | np.ndarray, *, loss_cfg: LossConfig, temperature: float = 1.0,
-                  micro_batch: int = 256, max_grad_norm: float = 1.0, on_policy: bool) -> dict[str, Any]:
+                  micro_batch: int = 256, max_grad_norm: float = 1.0, on_policy: bool,
+                  skip_span: tuple[int, int] | None = None) -> dict[str, Any]:
     """One optimizer step of the GRPO loss on ``trajs`` (every sampled token carries its
     sample's advantage and its trajectory's PER weight and age).
 
     On the on-policy update the behaviour log-probs are the current ones, detached, so the
     ratio is exactly 1; the largest gap to the stored ones is logged (``behavior_logprob_gap``).
-    ``ref`` is the KL reference policy (None when ``loss_cfg.kl_coef`` is 0).
+    ``ref`` is the KL reference policy (None when ``loss_cfg.kl_coef`` is 0). ``skip_span``:
+    (open, close) token ids of spans left out of the loss (``--no-think-loss``).
 
     Returns statistics; ``skipped`` is 1 and ``nonfinite`` names the culprit when the loss or
     gradient was not finite (then no step is taken and the gradients are cleared).
     """
-    batches = make_batches(trajs, weights, ages, micro_batch)
+    batches = make_batches(trajs, weights, ages, micro_batch, skip_span)
     optimizer.zero_grad(set_to_none=True)
     if not batches:
         return {"skipped": 0.0, "tokens": 0.0}

@@ -300,3 +300,20 @@ def test_settings_that_almost_never_give_a_solvable_map_are_rejected_not_looped_
         random_map(np.random.default_rng(0), 8, 0.05, max_draws=10)
     env = gym.make("freshper/FrozenLake-v0", p=0.35, size=8)  # rare but drawable: accepted, and resets
     assert env.reset(seed=0)[0]["text"]
+
+
+def test_hole_reward_scores_a_fall_and_leaves_success_and_the_goal_alone() -> None:
+    from envs.frozenlake import FrozenLakeEnv
+
+    desc = ["SHFF", "FFFF", "FFFF", "FFFG"]
+    env = FrozenLakeEnv(desc=desc, hole_reward=-1.0)
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("<answer>Right</answer>")
+    assert (reward, terminated, info["success"]) == (-1.0, True, False)
+    env.reset(seed=0, options={"position": [3, 2]})
+    assert env.step("<answer>Right</answer>")[1] == 1.0
+    plain = FrozenLakeEnv(desc=desc)
+    plain.reset(seed=0)
+    assert plain.step("<answer>Right</answer>")[1] == 0.0  # gymnasium's reward by default
+    with pytest.raises(ValueError, match="hole_reward"):
+        FrozenLakeEnv(hole_reward=float("nan"))

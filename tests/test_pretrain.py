@@ -162,3 +162,105 @@ def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> Non
     loose = policy_diagnostics(base, "freshper/FrozenLake-v0", {"feedback": False}, states=12, probes=12)
     assert loose["action_spread"] > out["action_spread"]  # a random network's output does move with the board
     assert "<answer>" in vocab
+
+
+# -- lookahead reasoning -------------------------------------------------------------------------
+def _neighbours(board: list[list[str]]) -> str:
+    """The cells Left/Down/Right/Up of P, read off a parsed board ('-' off the board)."""
+    (r, c), = [(i, j) for i, row in enumerate(board) for j, ch in enumerate(row) if ch == "P"]
+    out = []
+    for name, (dr, dc) in zip(("Left", "Down", "Right", "Up"), ((0, -1), (1, 0), (0, 1), (-1, 0))):
+        i, j = r + dr, c + dc
+        out.append(f" {name} {board[i][j] if 0 <= i < len(board) and 0 <= j < len(board[0]) else '-'}")
+    return "".join(out)
+
+
+def test_frozenlake_lookahead_names_the_cell_each_move_steps_on_and_keeps_the_answer() -> None:
+    from envs.base import think_reply
+
+    env = envs.make("freshper/FrozenLake-v0")
+    env.reset(seed=0, options={"desc": ["SFHF", "FHFF", "FFFF", "FFFG"], "position": [0, 1]})
+    assert env.unwrapped.lookahead_text() == " Left S Down H Right H Up -"
+    env.reset(seed=0, options={"desc": ["SFHF", "FHFF", "FFFF", "FFFG"], "position": [2, 3]})
+    assert env.unwrapped.lookahead_text() == " Left F Down G Right - Up F"
+    board = env.unwrapped.board_text()  # P at (2, 3)
+    reply = think_reply(env.unwrapped.lookahead_text(), "<answer>Down</answer>")
+    assert reply.startswith("<think>") and env.unwrapped.parse_action(reply) == (1, None)
+    _, reward, terminated, _, info = env.step(reply)
+    assert terminated and info["success"] and reward == 1.0
+    right, wrong = think_reply(" Left F Down G Right - Up F", "<answer>Down</answer>"), \
+        think_reply(" Left F Down F Right - Up F", "<answer>Down</answer>")
+    diag = type(env.unwrapped).turn_diagnostics([(board, right), (board, wrong), (board, right), (board, "<answer>Up</answer>")])
+    assert diag["lookahead_turns"] == 3 and diag["lookahead_exact"] == pytest.approx(2 / 3)
+    assert "lookahead_exact" not in type(env.unwrapped).turn_diagnostics([(board, "<answer>Up</answer>")])
+    sokoban = envs.make("freshper/Sokoban-v0")
+    sokoban.reset(seed=0)
+    with pytest.raises(NotImplementedError, match="--reasoning none"):
+        sokoban.unwrapped.lookahead_text()
+
+
+def test_lookahead_format_examples_write_the_prompt_states_neighbours_before_a_random_answer() -> None:
+    from envs.frozenlake import parse_board
+
+    env = envs.make("freshper/FrozenLake-v0")
+    streams = TransitionStreams("freshper/FrozenLake-v0", {"feedback": False}, n=16, seed=0, dynamics_fraction=0.5,
+                                with_images=False, reasoning="lookahead")
+    try:
+        examples = [ex for _ in range(6) for ex in streams.examples()]
+    finally:
+        streams.close()
+    formats = [ex for ex in examples if ex.kind == "format"]
+    answers = set()
+    assert len(formats) > 20
+    for ex in formats:
+        think, answer = ex.reply[len("<think>"):].split("</think>")
+        assert think == _neighbours(parse_board(ex.text))
+        assert env.unwrapped.parse_action(ex.reply)[1] is None
+        answers.add(answer)
+    assert len(answers) == 4  # the answer stays a random legal move
+    assert all("<think>" not in ex.reply for ex in examples if ex.kind == "dynamics")
+
+
+def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
+    from pathlib import Path
+
+    from learner.pretrain import cache_key
+
+    base = Path("tiny-text-s0-x")
+    plain, look = PretrainConfig(), PretrainConfig(reasoning="lookahead")
+    key = cache_key(base, "freshper/FrozenLake-v0", {}, plain, 0)
+    assert key != cache_key(base, "freshper/FrozenLake-v0", {}, look, 0)
+    old = dataclasses.asdict(plain)
+    del old["observe_fraction"], old["reasoning"]  # the recipe as it was before either field
+    import hashlib
+    import json
+
+    from learner.pretrain import PRETRAIN_VERSION
+    blob = json.dumps([PRETRAIN_VERSION, base.name, "freshper/FrozenLake-v0", {}, old, 0], sort_keys=True, default=str)
+    assert key == hashlib.sha256(blob.encode()).hexdigest()[:12]
+    with pytest.raises(ValueError, match="reasoning"):
+        PretrainConfig(reasoning="chain")
+
+
+def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -> None:
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+    from envs.base import think_reply
+    from learner.diagnostics import action_probabilities, policy_diagnostics
+
+    policy = Policy.from_pretrained(build_tiny_model("text"))
+    env = envs.make("freshper/FrozenLake-v0", feedback=False)
+    states, ahead = [], []
+    for seed in range(3):
+        obs, _ = env.reset(seed=seed)
+        states.append((obs["text"], []))
+        ahead.append(env.unwrapped.lookahead_text())
+    replies = [env.unwrapped.format_reply(a) for a in range(4)]
+    together = action_probabilities(policy, states, replies, prefixes=ahead)
+    for i, state in enumerate(states):  # the same as scoring each state's full replies alone
+        alone = action_probabilities(policy, [state], [think_reply(ahead[i], r) for r in replies])
+        np.testing.assert_allclose(together[i], alone[0], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(together, action_probabilities(policy, states, replies), atol=1e-4)
+    out = policy_diagnostics(policy, "freshper/FrozenLake-v0", {"feedback": False}, states=8, probes=8,
+                             reasoning="lookahead")
+    assert set(out) == {"action_spread", "counterfactual_shift"} and out["action_spread"] > 0

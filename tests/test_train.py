@@ -252,6 +252,41 @@ def test_turn_level_advantages_train_and_replay(tmp_path: Path) -> None:
         train.validate(train.Config(advantage="gigpo", context="full"))
 
 
+def test_lookahead_reasoning_trains_end_to_end_and_is_refused_where_a_task_has_none(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    summary = train.train(tiny_config(tmp_path, run_name="look", iterations=2, reasoning="lookahead", pretrain_steps=2,
+                                      pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=16))
+    assert summary["iterations"] == 2 and "action_spread" in summary["evals"]["final"]
+    (pre,) = [r for r in read_metrics(tmp_path / "look" / "metrics.jsonl") if r["kind"] == "pretrain"]
+    assert pre["pretrain_steps"] == 2 and pre["pretrain_format_nll_after"] > 0
+    (marker,) = (tmp_path / "cache").glob("pretrained-FrozenLake-v0-*/freshper_pretrain.json")
+    assert json.loads(marker.read_text())["recipe"]["reasoning"] == "lookahead"
+    train.train(tiny_config(tmp_path, run_name="look2", iterations=1, reasoning="lookahead", pretrain_steps=2,
+                            pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=16, think_loss=False))
+    with pytest.raises(ValueError, match="SokobanEnv does not implement lookahead_text"):
+        train.train(tiny_config(tmp_path, run_name="sok", env_id="freshper/Sokoban-v0", reasoning="lookahead"))
+    assert not (tmp_path / "sok").exists()  # refused before the run folder was made
+
+
+def test_no_think_loss_leaves_the_think_span_out_of_the_loss_and_its_token_count() -> None:
+    from agents.record import Sample, Trajectory, Turn
+    from learner.batch import make_batches
+
+    o, c = 516, 517
+    closed = Sample([1, 2, o, 5, 6, c, 7, 8, 3], [0, 0, 1, 1, 1, 1, 1, 1, 1], [0.0, 0.0] + [-0.5] * 7)
+    unclosed = Sample([1, 2, o, 5, 6], [0, 0, 1, 1, 1], [0.0, 0.0, -0.5, -0.5, -0.5])
+    plain = Sample([1, 2, 7, 8], [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.5])
+    traj = Trajectory("x/Y-v0", 0, 0, [Turn("o", "r", 0.0, True)] * 3, [closed, unclosed, plain], 0.0, False, 0,
+                      advantage=1.0)
+    (full,) = make_batches([traj])
+    (batch,) = make_batches([traj], skip_span=(o, c))
+    assert full.num_tokens == 7 + 3 + 2 and batch.num_tokens == 3 + 2  # the unclosed reply has nothing left
+    assert batch.size == 2
+    assert batch.mask[0].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1]
+    assert batch.behavior_logprobs[0].tolist() == [0.0] * 6 + [-0.5] * 3
+    assert batch.mask[1].tolist()[:4] == [0, 0, 1, 1]
+
+
 def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_path: Path) -> None:
     """--train-env-kwargs: training levels are the easier ones, evaluation stays on the task."""
     import envs
@@ -349,7 +384,7 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_stale_temporaries_are_cl
     (["--iterations", "-3"], "--iterations"), (["--time-budget", "-1"], "--time-budget"),
     (["--replay", "fresh", "--replay-batch", "100000"], "--replay-batch"), (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--run-name", "../../x"], "--run-name"), (["--run-name", "/tmp/abs"], "--run-name"),
-    (["--kl-coef", "-0.1"], "--kl-coef"),
+    (["--kl-coef", "-0.1"], "--kl-coef"), (["--reasoning", "chain"], "--reasoning"),
 ])
 def test_bad_settings_are_refused_before_any_work_naming_the_flag(flags, name, capsys) -> None:
     with pytest.raises(ValueError, match=name):
