@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = yaml.safe_load((ckpts[0] / "config.yaml").read_text(encoding="utf-8")) or {}
         for ckpt in ckpts:
             probes[ckpt.name] = policy_diagnostics(Policy.from_pretrained(ckpt / "model"), cfg["env_id"],
-                                                   cfg.get("env_kwargs"), states=48, probes=32)
+                                                   cfg.get("env_kwargs"), states=48, probes=32,
+                                                   reasoning=cfg.get("reasoning", "none"))
     print(f"{'checkpoint':<12} {'step':>7} {'cos(prev)':>9}  {'spread':>6} {'cf':>6}  largest moves")
     first = probes.get(ckpts[0].name, {})
     if first:
