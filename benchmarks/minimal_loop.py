@@ -384,8 +384,11 @@ def summary(paths: list[str]) -> None:
     """The last evaluation of each run, and the iteration its greedy success first reached 0.6."""
     print("| run | iterations | final sampled | final greedy | probe (sampled) | first eval >= 0.60 |")
     print("|---|---|---|---|---|---|")
+    import gzip
+
     for p in paths:
-        rows = [json.loads(line) for line in open(p, encoding="utf-8")]
+        with (gzip.open(p, "rt", encoding="utf-8") if p.endswith(".gz") else open(p, encoding="utf-8")) as fh:
+            rows = [json.loads(line) for line in fh]
         evals = [r for r in rows if r["kind"] == "eval"]
         if not evals:
             continue

@@ -13,6 +13,9 @@ evaluations at or before N, their last success and spread and the mean success o
 (320 episodes), e.g. a short pilot against the same seeds of a longer run:
 
     python benchmarks/spread_curves.py docs/data/fl_pilot/kl02_s2 docs/data/fl_credit/episode_s2 --at 150
+
+``--at-seconds S`` does the same at S seconds of RL iterations (the ``time_total_s`` the run had
+reached at each evaluation), for settings whose iterations cost different times run side by side.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ def curve(run: Path, periodic_only: bool = False, rows: list[dict] | None = None
     return [seen[k] for k in sorted(seen)]
 
 
+def seconds_at(rows: list[dict]) -> dict[int, float]:
+    """Seconds of RL iterations (``time_total_s``, resumed sessions included) at each iteration."""
+    return {r["iteration"]: r["time_total_s"] for r in rows if r.get("kind") == "train" and "time_total_s" in r}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
@@ -47,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--high", type=float, default=0.25)
     parser.add_argument("--at", type=int, default=None, metavar="N",
                         help="also print each run's periodic evaluations at iteration N (last, and mean of the last five)")
+    parser.add_argument("--at-seconds", type=float, default=None, metavar="S",
+                        help="the same at S seconds of RL iterations instead of an iteration")
     args = parser.parse_args(argv)
     metrics = {run: read_metrics(run / "metrics.jsonl") for run in args.runs
                if (run / "metrics.jsonl").exists() or (run / "metrics.jsonl.gz").exists()}
@@ -60,11 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         rise = next((i for i, _, a in c if low is not None and i > low and a > args.high), None)
         print(f"{run.parent.name + '/' + run.name:<34} {str(low):>22} {str(rise):>18} "
               f"{c[-1][1]:14.3f} {c[-1][2]:13.2f}")
-    if args.at is not None:
-        print(f"\nperiodic evaluations at or before iteration {args.at}:")
+    for at, unit in ((args.at, "iteration"), (args.at_seconds, "seconds of RL")):
+        if at is None:
+            continue
+        print(f"\nperiodic evaluations at or before " + (f"iteration {at}:" if unit == "iteration" else f"{at:g} {unit}:"))
         print(f"{'run':<34} {'iteration':>9} {'success':>8} {'spread':>7} {'mean success, last 5':>21}")
         for run in curves:
-            c = [e for e in curve(run, periodic_only=True, rows=metrics[run]) if e[0] <= args.at]
+            when = seconds_at(metrics[run]) if unit != "iteration" else {}
+            c = [e for e in curve(run, periodic_only=True, rows=metrics[run])
+                 if (e[0] if unit == "iteration" else when.get(e[0], float("inf"))) <= at]
             if not c:
                 print(f"{run.parent.name + '/' + run.name:<34} {'-':>9}")
                 continue

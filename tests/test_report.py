@@ -99,3 +99,29 @@ def test_spread_curves_compares_runs_at_one_iteration_on_their_periodic_evaluati
     assert rows["long"] == ["20", "0.200", "0.10", "0.150"]
     assert spread_curves.main([long, "--at", "70"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].split()[1:] == ["70", "0.700", "0.10", "0.500"]
+
+
+def test_spread_curves_compares_runs_at_equal_seconds_of_rl(tmp_path, capsys) -> None:
+    """``--at-seconds``: each run's periodic evaluations up to the iteration it had reached at
+    that many seconds of RL, so settings with dearer iterations are compared at equal time."""
+    import json
+
+    from benchmarks import spread_curves
+
+    def run(name: str, seconds_per_iteration: float):
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = []
+        for i in range(1, 41):
+            rows.append({"kind": "train", "iteration": i, "time_total_s": i * seconds_per_iteration})
+            if i % 10 == 0:
+                rows.append({"kind": "eval", "iteration": i, "phase": f"iter_{i}", "decoding": "sampled",
+                             "success": i / 100, "action_spread": 0.1})
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(folder)
+
+    cheap, dear = run("cheap", 1.0), run("dear", 2.0)  # at 40 s: iteration 40 against 20
+    assert spread_curves.main([cheap, dear, "--at-seconds", "40"]) == 0
+    out = capsys.readouterr().out.split("at or before 40 seconds of RL:")[1]
+    rows = {line.split()[0].split("/")[-1]: line.split()[1:3] for line in out.strip().splitlines()[1:]}
+    assert rows == {"cheap": ["40", "0.400"], "dear": ["20", "0.200"]}
