@@ -3,7 +3,7 @@
 On FrozenLake the trained policy first learns a board-blind Down/Right habit and reads the
 board only 80-210 iterations later (docs/training.md). This measures the policy gradient
 itself at a given checkpoint: for ``--batches`` independent batches of B x G episodes
-(the trainer's runner, fresh training-like maps), the on-policy GRPO gradient (the trainer's
+(the trainer's runner, held-out maps), the on-policy GRPO gradient (the trainer's
 batching and loss, KL left out) under each advantage estimator, all on the same episodes
 (paired), projected on two directions of weight space:
 
@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ENV_ID = "freshper/FrozenLake-v0"
 ESTIMATORS = ("episode", "nostd", "gigpo", "step")
-#: Task seeds of the measured batches: a block no run trains, pretrains or evaluates on.
+#: Task seeds of the measured batches: the held-out block (``agents.evaluate.EVAL_SEED_OFFSET``);
+#: nothing is trained on them here, and they are maps no training run sees.
 SEED_BASE = 1_900_000_000
 
 
