@@ -6,7 +6,8 @@ For each run folder, from the sampled held-out evaluations in its ``metrics.json
 ``action_spread`` (the mean total-variation distance between the policy's action distributions
 on different states; 0 = the same distribution on every board) against the iteration, one line
 per run, and a table of when each run's spread first fell below ``--low`` and when it next rose
-above ``--high`` (the policy going blind, then reading the board again).
+above ``--high`` (the policy going blind, then reading the board again), and when its periodic
+evaluations first reached ``--target`` success (0.60).
 
 ``--at N`` compares runs of different lengths at one iteration: the periodic (64-task)
 evaluations at or before N, their last success and spread and the mean success of the last five
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the plot here (PNG)")
     parser.add_argument("--low", type=float, default=0.05)
     parser.add_argument("--high", type=float, default=0.25)
+    parser.add_argument("--target", type=float, default=0.60,
+                        help="success level whose first crossing (periodic evaluations) is reported")
     parser.add_argument("--at", type=int, default=None, metavar="N",
                         help="also print each run's periodic evaluations at iteration N (last, and mean of the last five)")
     parser.add_argument("--at-seconds", type=float, default=None, metavar="S",
@@ -64,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     if not curves:
         raise SystemExit("no run folder with a metrics.jsonl among the arguments")
     print(f"{'run':<34} {'spread < ' + str(args.low) + ' first at':>22} {'then > ' + str(args.high) + ' at':>18} "
-          f"{'final success':>14} {'final spread':>13}")
+          f"{'success >= ' + format(args.target, 'g') + ' first at':>24} {'final success':>14} {'final spread':>13}")
     for run, c in curves.items():
         low = next((i for i, _, a in c if a < args.low), None)
         rise = next((i for i, _, a in c if low is not None and i > low and a > args.high), None)
-        print(f"{run.parent.name + '/' + run.name:<34} {str(low):>22} {str(rise):>18} "
+        reached = next((i for i, s, _ in curve(run, periodic_only=True, rows=metrics[run]) if s >= args.target), None)
+        print(f"{run.parent.name + '/' + run.name:<34} {str(low):>22} {str(rise):>18} {str(reached):>24} "
               f"{c[-1][1]:14.3f} {c[-1][2]:13.2f}")
     for at, unit in ((args.at, "iteration"), (args.at_seconds, "seconds of RL")):
         if at is None:

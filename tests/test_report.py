@@ -125,3 +125,29 @@ def test_spread_curves_compares_runs_at_equal_seconds_of_rl(tmp_path, capsys) ->
     out = capsys.readouterr().out.split("at or before 40 seconds of RL:")[1]
     rows = {line.split()[0].split("/")[-1]: line.split()[1:3] for line in out.strip().splitlines()[1:]}
     assert rows == {"cheap": ["40", "0.400"], "dear": ["20", "0.200"]}
+
+
+def test_spread_curves_reports_when_a_run_first_reaches_the_target(tmp_path, capsys) -> None:
+    """The first periodic evaluation at or above ``--target``; a final evaluation above it does
+    not count (it is not a point along training), and a run that never gets there says None."""
+    import json
+
+    from benchmarks import spread_curves
+
+    def run(name: str, periodic: list[float], final: float):
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = [{"kind": "eval", "iteration": 10 * (k + 1), "phase": f"iter_{10 * (k + 1)}", "decoding": "sampled",
+                 "success": s, "action_spread": 0.3} for k, s in enumerate(periodic)]
+        rows.append({"kind": "eval", "iteration": 10 * len(periodic), "phase": "final", "decoding": "sampled",
+                     "success": final, "action_spread": 0.3})
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(folder)
+
+    early = run("early", [0.2, 0.65, 0.5, 0.7], 0.7)
+    never = run("never", [0.2, 0.3, 0.59], 0.9)
+    assert spread_curves.main([early, never, "--target", "0.6"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "success >= 0.6 first at" in lines[0]
+    reached = {line.split()[0].split("/")[-1]: line.split()[3] for line in lines[1:]}
+    assert reached == {"early": "20", "never": "None"}
