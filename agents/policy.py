@@ -56,6 +56,43 @@ def configure_threads(num_threads: int | None = None) -> int:
     return num_threads
 
 
+#: ``config.freshper_positions`` value that gives a Qwen2-VL-family model 1-D rotary positions:
+#: every token, visual ones included, at its plain index among the row's real tokens (a text
+#: model's layout) instead of Qwen2-VL's (t, h, w) layout, in which the offset from an answer
+#: token to the visual token of a board cell changes with the cell's row and column. The vision
+#: tower keeps its own 2-D positions. The embedded tiny VLM is built with it (docs/training.md,
+#: "Where in the decoder"); a checkpoint saved from it keeps the setting in its config.
+FLAT_POSITIONS = "flat"
+
+
+def flat_rope_index(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor | None = None,
+                    image_grid_thw=None, video_grid_thw=None, attention_mask: torch.Tensor | None = None,
+                    **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``get_rope_index`` of the flat layout: ([3, B, L] positions, [B, 1] deltas) in HF's
+    convention (padding at position 1; a new token's position is its index + delta)."""
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device)
+    mask = mask.long()
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    deltas = pos.amax(dim=-1, keepdim=True) + 1 - mask.shape[-1]
+    return pos.unsqueeze(0).expand(3, -1, -1).contiguous(), deltas
+
+
+def apply_position_layout(model) -> None:
+    """Give ``model`` the rotary position layout its config names (``freshper_positions``):
+    ``"flat"`` replaces the model's ``get_rope_index``, which HF's forward, the KV-cache sampler
+    and the learner's log-probs all take their positions from, so every path agrees."""
+    layout = getattr(model.config, "freshper_positions", None)
+    if layout in (None, "mrope"):
+        return
+    if layout != FLAT_POSITIONS:
+        raise ValueError(f"freshper_positions must be 'flat' or 'mrope', got {layout!r}")
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "get_rope_index"):
+        raise ValueError(f"freshper_positions={layout!r} needs a Qwen2-VL-family model (one with get_rope_index), "
+                         f"got {type(model).__name__}")
+    inner.get_rope_index = flat_rope_index
+
+
 class Policy:
     """A language or vision-language model plus tokenizer (and processor for VLMs)."""
 
@@ -63,6 +100,7 @@ class Policy:
         from transformers import GenerationConfig
 
         self.model = model
+        apply_position_layout(model)
         self.tokenizer = tokenizer
         self.processor = processor
         self.name = name

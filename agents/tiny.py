@@ -219,6 +219,7 @@ def _vision_model(tokenizer, seed: int):
             depth=2, embed_dim=96, hidden_size=128, num_heads=4, mlp_ratio=2,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
         ),
+        freshper_positions="flat",  # 1-D rotary positions (agents.policy.FLAT_POSITIONS)
         image_token_id=ids("<|image_pad|>"),
         video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"),
@@ -259,7 +260,8 @@ def build_tiny_model(
 
     ``"text"``: Qwen2, hidden 128, 4 layers, tied embeddings (~1M parameters).
     ``"vision"``: Qwen2-VL with the same text stack and a 2-layer vision tower (patch 14,
-    spatial merge 2, so one 28x28 tile is one visual token) plus a Qwen2-VL processor.
+    spatial merge 2, so one 28x28 tile is one visual token) plus a Qwen2-VL processor; its
+    decoder takes 1-D rotary positions (``freshper_positions: flat``, agents/policy.py).
     The folder is written to a temporary name and renamed, so a crash never leaves a
     half-written model; a folder missing its completion marker is rebuilt.
     """
@@ -267,7 +269,8 @@ def build_tiny_model(
         raise ValueError(f"modality must be 'text' or 'vision', got {modality!r}")
     corpus = task_corpus(seed=0)
     key = hashlib.sha256(
-        json.dumps([TINY_FORMAT_VERSION, modality, seed, vocab_size, CHAT_TEMPLATE, corpus]).encode()
+        json.dumps([TINY_FORMAT_VERSION, modality, seed, vocab_size, CHAT_TEMPLATE, corpus]
+                   + (["flat positions"] if modality == "vision" else [])).encode()
     ).hexdigest()[:12]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-{modality}-s{seed}-{key}"

@@ -137,3 +137,42 @@ def test_greedy_replies_equal_hf_generate(vision_policy, monkeypatch):
     for a, b in zip(ours, theirs):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_the_tiny_vlm_reads_images_at_flat_positions_and_keeps_them_in_checkpoints(vision_policy, qwen25vl_policy,
+                                                                                   tmp_path):
+    """The embedded VLM's decoder puts every token, visual ones included, at its plain index
+    (``freshper_positions: flat``): HF's own forward equals a forward with explicit 1-D positions
+    and differs from one at Qwen2-VL's multimodal positions; a saved checkpoint reloads with it;
+    a model without the setting (a real checkpoint) keeps its own positions; an unknown layout
+    is refused."""
+    from agents.policy import apply_position_layout, flat_rope_index
+
+    policy = vision_policy
+    assert policy.model.config.freshper_positions == "flat"
+    prompts, images = _cases(policy)
+    ids = torch.tensor([prompts[0]])
+    vision = policy.processor.image_processor(images=images[0], return_tensors="pt")
+    types = policy.token_types(ids)
+    n_visual = int((ids == policy.image_token_id).sum())
+    assert n_visual > 4
+    kw = dict(pixel_values=vision["pixel_values"], image_grid_thw=vision["image_grid_thw"], mm_token_type_ids=types)
+    inner = policy.model.model
+    mrope, _ = type(inner).get_rope_index(inner, ids, image_grid_thw=vision["image_grid_thw"],
+                                          attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
+    flat = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
+    assert not torch.equal(mrope, flat)  # the image makes the two layouts differ
+    with torch.no_grad():
+        own = policy.model(input_ids=ids, **kw).logits
+        at_flat = policy.model(input_ids=ids, position_ids=flat, **kw).logits
+        at_mrope = policy.model(input_ids=ids, position_ids=mrope, **kw).logits
+    assert torch.allclose(own, at_flat, atol=1e-5)
+    assert (own - at_mrope).abs().max() > 1e-3
+    assert torch.equal(flat_rope_index(ids)[0], flat)
+
+    assert qwen25vl_policy.model.model.get_rope_index is not flat_rope_index
+    reloaded = Policy.from_pretrained(policy.save_pretrained(tmp_path / "ckpt"))
+    assert reloaded.model.model.get_rope_index is flat_rope_index
+    reloaded.model.config.freshper_positions = "diagonal"
+    with pytest.raises(ValueError, match="freshper_positions"):
+        apply_position_layout(reloaded.model)
