@@ -1,0 +1,67 @@
+"""benchmarks/image_probe.py: the safe-move probe of an image task, from its evaluation records."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import yaml
+
+import envs
+from agents.record import Trajectory, Turn, save_records
+
+
+def _play(env_id: str, seeds, rng: random.Random):
+    """Episodes of random moves on ``env_id`` as records, and their (text observation, reply) turns."""
+    env = envs.make(env_id, feedback=False)
+    records, turns = [], []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        rec_turns, total, done = [], 0.0, False
+        while not done:
+            reply = f"<answer>{rng.choice(['Left', 'Down', 'Right', 'Up'])}</answer>"
+            text = obs["text"] if isinstance(obs, dict) else obs
+            rec_turns.append(Turn(observation=text, reply=reply, reward=0.0, action_is_valid=True))
+            turns.append((text, reply))
+            obs, reward, terminated, truncated, _ = env.step(reply)
+            total += float(reward)
+            done = terminated or truncated
+        records.append(Trajectory(env_id=env_id, seed=seed, group_id=0, turns=rec_turns, samples=[],
+                                  episode_return=total, success=total > 0, policy_version=0))
+    return records, turns
+
+
+def _run_folder(root, name, env_id, records):
+    run = root / name
+    (run / "eval").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"env_id": env_id, "env_kwargs": {"feedback": False}}))
+    save_records(records, run / "eval" / "final")
+    return run
+
+
+def test_the_image_probe_equals_the_text_probe_of_the_same_episodes(tmp_path, capsys) -> None:
+    from benchmarks import image_probe
+
+    seeds = range(1_900_000_000, 1_900_000_060)
+    vision_records, _ = _play("freshper/FrozenLakeVision-v0", seeds, random.Random(3))
+    text_records, text_turns = _play("freshper/FrozenLake-v0", seeds, random.Random(3))
+    assert all("P" not in t.observation.split("<image>")[-1] for r in vision_records for t in r.turns)
+    want = envs.task_class("freshper/FrozenLake-v0").turn_diagnostics(text_turns)
+    assert want["probe_down_right"] > 20
+    vision_run = _run_folder(tmp_path, "vision", "freshper/FrozenLakeVision-v0", vision_records)
+    text_run = _run_folder(tmp_path, "text", "freshper/FrozenLake-v0", text_records)
+    assert image_probe.main([str(vision_run), str(text_run)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
+    for row in rows:
+        assert int(row[3]) == want["probe_down_right"]
+        assert float(row[4]) == pytest.approx(want["probe_safe_rate"], abs=0.005)
+
+
+def test_a_record_the_text_task_does_not_reproduce_is_refused(tmp_path) -> None:
+    from benchmarks import image_probe
+
+    records, _ = _play("freshper/FrozenLakeVision-v0", range(5), random.Random(0))
+    records[2].episode_return += 1.0
+    run = _run_folder(tmp_path, "vision", "freshper/FrozenLakeVision-v0", records)
+    with pytest.raises(SystemExit, match="not this task's twin"):
+        image_probe.main([str(run)])
