@@ -170,12 +170,12 @@ class Config:
     """stop the run after this many consecutive updates with a non-finite loss or gradient"""
 
     # -- replay ----------------------------------------------------------------------------
-    replay: str = "none"
-    """'none' (on-policy only), 'fresh' (FreshPER), 'per' (no age decay), 'uniform'"""
+    replay: str = "fresh"
+    """'fresh' (FreshPER, the default), 'per' (no age decay), 'uniform', or 'none' (on-policy only)"""
     replay_ratio: int = 1
     """K: replay updates per iteration"""
-    replay_batch: int | None = None
-    """trajectories per replay update; default B x G"""
+    replay_batch: int | None = 16
+    """trajectories per replay update (none: B x G, as many as one iteration collects)"""
     buffer_capacity: int = 640
     """trajectories kept in the buffer (FIFO)"""
     priority: str = "return"

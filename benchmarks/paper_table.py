@@ -49,8 +49,8 @@ TASKS = {
     "sokoban": Task("Sokoban simple", "configs/sokoban_simple.yaml", 100),
     "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60),
 }
-#: The paper's methods, replay as FreshPER's defaults here (one replay update per iteration on B x G
-#: trajectories, tau = 10 optimizer steps).
+#: The paper's methods, replay as FreshPER's defaults here (one replay update per iteration, tau = 10
+#: optimizer steps), on B x G trajectories per replay update (``--replay-batch none``, set below).
 METHODS = {
     "none": ["--replay", "none"],
     "per": ["--replay", "per", "--replay-ratio", "1"],
@@ -380,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         arms = task_arms(args.ablations, task)
         if args.methods:
             arms = {k: v for k, v in arms.items() if k in args.methods}
+        # replay arms replay B x G trajectories per update, the table's setting since it was first run
+        # (train.py's default replay batch is 16); flags given after `--` still win
         common = ["--config", str(REPO / spec.config), "--iterations", str(args.iterations or spec.iterations),
-                  *spec.extra, *args.extra]
+                  *spec.extra, "--replay-batch", "none", *args.extra]
         shown = ["--config", str(spec.config), *common[2:]]  # the checkout-relative path a reader types
         commands.append(f"# {spec.name}: python train.py {shlex.join(shown)} --seed <k> <method flags>")
         for arm, flags in arms.items():

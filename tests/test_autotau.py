@@ -74,4 +74,4 @@ def test_train_with_tau_auto_moves_tau_and_resumes(tmp_path) -> None:
     assert any("drift_per_step" in r or "replay_drift_per_step" in r for r in rows)
     assert train.parse_config(["--tau", "auto", "--replay", "fresh"]).tau == "auto"
     with pytest.raises(ValueError, match="--tau auto needs --replay fresh"):
-        train.parse_config(["--tau", "auto"])
+        train.parse_config(["--tau", "auto", "--replay", "none"])
