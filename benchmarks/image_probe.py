@@ -11,14 +11,18 @@ text task (``--text-env``, by default the run's env id without ``Vision``, with 
 ``env_kwargs``) on the record's task seed and steps it with the record's replies, checks that the
 replayed episode ends with the record's return, and scores the probe on the rebuilt boards with
 the record's replies. Prints the probe with a 95% Wilson interval (the interval the summaries
-use) and the task success, beside the counts.
+use) and the task success, beside the counts. Reads ``eval/<phase>/records.jsonl`` or, in an
+archived run, ``records.jsonl.gz`` (the images are not needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -27,6 +31,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import envs  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
+
+
+def episodes(folder: Path) -> list[SimpleNamespace]:
+    """Task seed, replies, return and success of each record in an evaluation folder, read from
+    its ``records.jsonl`` (or the archived ``records.jsonl.gz``) without loading the images."""
+    path = folder / "records.jsonl"
+    if not path.exists():
+        path = folder / "records.jsonl.gz"
+    if not path.exists():
+        raise SystemExit(f"{folder}: no evaluation records (runs save them for the baseline and final evaluations)")
+    out = []
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as fh:
+        for line in fh:
+            if line.strip():
+                meta = json.loads(line)
+                out.append(SimpleNamespace(seed=meta["seed"], episode_return=meta["episode_return"],
+                                           success=meta["success"],
+                                           turns=[SimpleNamespace(reply=t["reply"]) for t in meta["turns"]]))
+    return out
 
 
 def rebuilt_turns(records, text_env_id: str, env_kwargs: dict) -> list[tuple[str, str]]:
@@ -58,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'run':<34} {'episodes':>8} {'success':>8} {'probe states':>12} {'safe-move probe':>16} {'95% CI':>15}")
     for run in args.runs:
         config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-        folder = run / "eval" / args.phase
-        if not (folder / "records.jsonl").exists():
-            raise SystemExit(f"{folder}: no evaluation records (runs save them for the baseline and final evaluations)")
-        records = load_records(folder)
+        records = episodes(run / "eval" / args.phase)
         text_env = args.text_env or config["env_id"].replace("Vision", "")
         kwargs = dict(config.get("env_kwargs") or {})
         diag = envs.task_class(text_env).turn_diagnostics(rebuilt_turns(records, text_env, kwargs))
