@@ -208,9 +208,10 @@ def save_records(records: Iterable[Trajectory], folder: str | os.PathLike) -> Pa
     return folder / "records.jsonl"
 
 
-def load_records(folder: str | os.PathLike) -> list[Trajectory]:
+def load_records(folder: str | os.PathLike, *, images: bool = True) -> list[Trajectory]:
     """Read records written by :func:`save_records` (from ``records.jsonl.gz`` where only the
-    gzipped file is there: an archived run)."""
+    gzipped file is there: an archived run). ``images=False`` skips the image files (records
+    come back with no images, e.g. from an archive that keeps only the records)."""
     folder = Path(folder)
     path = folder / "records.jsonl"
     archived = folder / "records.jsonl.gz"
@@ -226,8 +227,8 @@ def load_records(folder: str | os.PathLike) -> list[Trajectory]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: corrupt record line ({exc})") from exc
             files = meta.pop("image_files", [])
-            images = [_png_array((folder / f).read_bytes()) for f in files]
-            out.append(Trajectory._from_meta(meta, images))
+            pixels = [_png_array((folder / f).read_bytes()) for f in files] if images else []
+            out.append(Trajectory._from_meta(meta, pixels))
     return out
 
 

@@ -18,11 +18,8 @@ archived run, ``records.jsonl.gz`` (the images are not needed).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import yaml
 
@@ -31,25 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import envs  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
-
-
-def episodes(folder: Path) -> list[SimpleNamespace]:
-    """Task seed, replies, return and success of each record in an evaluation folder, read from
-    its ``records.jsonl`` (or the archived ``records.jsonl.gz``) without loading the images."""
-    path = folder / "records.jsonl"
-    if not path.exists():
-        path = folder / "records.jsonl.gz"
-    if not path.exists():
-        raise SystemExit(f"{folder}: no evaluation records (runs save them for the baseline and final evaluations)")
-    out = []
-    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as fh:
-        for line in fh:
-            if line.strip():
-                meta = json.loads(line)
-                out.append(SimpleNamespace(seed=meta["seed"], episode_return=meta["episode_return"],
-                                           success=meta["success"],
-                                           turns=[SimpleNamespace(reply=t["reply"]) for t in meta["turns"]]))
-    return out
 
 
 def rebuilt_turns(records, text_env_id: str, env_kwargs: dict) -> list[tuple[str, str]]:
@@ -81,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'run':<34} {'episodes':>8} {'success':>8} {'probe states':>12} {'safe-move probe':>16} {'95% CI':>15}")
     for run in args.runs:
         config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-        records = episodes(run / "eval" / args.phase)
+        folder = run / "eval" / args.phase
+        if not (folder / "records.jsonl").exists() and not (folder / "records.jsonl.gz").exists():
+            raise SystemExit(f"{folder}: no evaluation records (runs save them for the baseline and final evaluations)")
+        records = load_records(folder, images=False)
         text_env = args.text_env or config["env_id"].replace("Vision", "")
         kwargs = dict(config.get("env_kwargs") or {})
         diag = envs.task_class(text_env).turn_diagnostics(rebuilt_turns(records, text_env, kwargs))
