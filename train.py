@@ -119,7 +119,7 @@ class Config:
     pretrain_seconds: float | None = None
     """stop pretraining after this many seconds (a capped pretraining is not cached)"""
     reasoning: str = "none"
-    """what a reply writes before its answer: 'none', or 'lookahead': what each legal action leads to (the task's lookahead_text) in a think tag, taught by the pretraining's format replies; needs --max-new-tokens room for it"""
+    """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers). Needs --max-new-tokens room for it"""
     think_loss: bool = True
     """train the tokens of a reply's think tag like its other sampled tokens; --no-think-loss leaves <think> ... </think> out of the RL loss (the answer alone is trained)"""
 
@@ -338,7 +338,7 @@ def validate(cfg: Config) -> None:
         (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.alpha >= 0),
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
-        (cfg.reasoning in ("none", "lookahead"), f"--reasoning must be none|lookahead, got {cfg.reasoning!r}"),
+        (cfg.reasoning in ("none", "lookahead", "state"), f"--reasoning must be none|lookahead|state, got {cfg.reasoning!r}"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
         (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
          and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),
@@ -457,8 +457,8 @@ def setup(cfg: Config) -> Run:
             raise ValueError(f"--train-env-kwargs {json.dumps(cfg.train_env_kwargs)}: {cfg.env_id} cannot be built "
                              f"with them: {exc}") from exc
     modality = envs.task_spec(cfg.env_id).modality
-    if cfg.reasoning == "lookahead":
-        check_lookahead(cfg.env_id, cfg.env_kwargs)
+    if cfg.reasoning != "none":
+        check_reasoning(cfg.reasoning, cfg.env_id, cfg.env_kwargs)
     configure_threads(cfg.threads)
     update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
     resume = resolve_resume(cfg.resume) if cfg.resume else None
@@ -546,16 +546,17 @@ def think_span(policy) -> tuple[int, int]:
     return ids[0][0], ids[1][0]
 
 
-def check_lookahead(env_id: str, env_kwargs: dict[str, Any]) -> None:
-    """Refuse ``--reasoning lookahead`` at start for a task that does not implement it."""
+def check_reasoning(mode: str, env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """Refuse ``--reasoning lookahead|state`` at start for a task that lacks what it needs."""
     import envs
+    from envs.base import reasoning_text
 
     env = envs.make(env_id, **dict(env_kwargs))
     try:
         env.reset(seed=0)
-        env.unwrapped.lookahead_text()
+        reasoning_text(env.unwrapped, mode)
     except NotImplementedError as exc:
-        raise ValueError(f"--reasoning lookahead: {exc}") from None
+        raise ValueError(f"--reasoning {mode}: {exc or type(env.unwrapped).__name__ + ' has no text notation of its state'}") from None
     finally:
         env.close()
 

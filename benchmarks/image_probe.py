@@ -11,7 +11,9 @@ text task (``--text-env``, by default the run's env id without ``Vision``, with 
 ``env_kwargs``) on the record's task seed and steps it with the record's replies, checks that the
 replayed episode ends with the record's return, and scores the probe on the rebuilt boards with
 the record's replies. Prints the probe with a 95% Wilson interval (the interval the summaries
-use) and the task success, beside the counts. Reads ``eval/<phase>/records.jsonl`` or, in an
+use) and the task success, beside the counts. Where replies transcribe the image before they
+answer (``--reasoning state``), it also prints how often the think tag is the turn's board
+exactly. Reads ``eval/<phase>/records.jsonl`` or, in an
 archived run, ``records.jsonl.gz`` (the images are not needed).
 """
 
@@ -28,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import envs  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
+from envs.base import extract_tag  # noqa: E402
+from envs.frozenlake import parse_board  # noqa: E402
 
 
 def rebuilt_turns(records, text_env_id: str, env_kwargs: dict) -> list[tuple[str, str]]:
@@ -50,13 +54,27 @@ def rebuilt_turns(records, text_env_id: str, env_kwargs: dict) -> list[tuple[str
     return turns
 
 
+def transcribed_exactly(turns: list[tuple[str, str]]) -> tuple[int, int]:
+    """(turns whose reply has a think tag, of those the ones whose tag is the turn's state text
+    exactly, cell for cell): how well a ``--reasoning state`` policy transcribes what it is shown."""
+    thought = exact = 0
+    for observation, reply in turns:
+        think = extract_tag(reply, "think") if isinstance(reply, str) else None
+        if think is not None:
+            thought += 1
+            board = parse_board(think)
+            exact += board is not None and board == parse_board(observation)
+    return thought, exact
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--phase", default="final", help="evaluation folder under eval/ (final, baseline, ...)")
     parser.add_argument("--text-env", default=None, help="the text task to replay on (default: the id without 'Vision')")
     args = parser.parse_args(argv)
-    print(f"{'run':<34} {'episodes':>8} {'success':>8} {'probe states':>12} {'safe-move probe':>16} {'95% CI':>15}")
+    print(f"{'run':<34} {'episodes':>8} {'success':>8} {'probe states':>12} {'safe-move probe':>16} {'95% CI':>15} "
+          f"{'transcribed':>11}")
     for run in args.runs:
         config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
         folder = run / "eval" / args.phase
@@ -65,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         records = load_records(folder, images=False)
         text_env = args.text_env or config["env_id"].replace("Vision", "")
         kwargs = dict(config.get("env_kwargs") or {})
-        diag = envs.task_class(text_env).turn_diagnostics(rebuilt_turns(records, text_env, kwargs))
+        turns = rebuilt_turns(records, text_env, kwargs)
+        diag = envs.task_class(text_env).turn_diagnostics(turns)
+        thought, exact = transcribed_exactly(turns)
         n = int(diag.get("probe_down_right", 0))
         safe = round(diag.get("probe_safe_rate", float("nan")) * n) if n else 0
         low, high = wilson_interval(safe, n) if n else (float("nan"), float("nan"))
         success = sum(r.success for r in records) / len(records)
         print(f"{run.parent.name + '/' + run.name:<34} {len(records):8d} {success:8.3f} {n:12d} "
-              f"{diag.get('probe_safe_rate', float('nan')):16.2f} {f'[{low:.2f}, {high:.2f}]':>15}")
+              f"{diag.get('probe_safe_rate', float('nan')):16.2f} {f'[{low:.2f}, {high:.2f}]':>15} "
+              f"{f'{exact / thought:.2f}' if thought else '-':>11}")
     return 0
 
 

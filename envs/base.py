@@ -56,6 +56,24 @@ _ANSWER_CLOSE = "</answer>"
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
+#: What a reply writes before its answer (``--reasoning``): nothing, the task's lookahead
+#: (:meth:`MultiTurnEnv.lookahead_text`), or the state itself in the task's text notation
+#: (:meth:`MultiTurnEnv.render_text`: a vision task's policy transcribes the image, then answers).
+REASONINGS = ("none", "lookahead", "state")
+
+
+def reasoning_text(task: Any, mode: str) -> str | None:
+    """The think-tag content of a ``mode`` reply in ``task``'s current state (``None`` for
+    ``"none"``). Raises ``NotImplementedError`` where the task lacks what the mode needs."""
+    if mode == "none":
+        return None
+    if mode == "lookahead":
+        return task.lookahead_text()
+    if mode == "state":
+        return task.render_text()
+    raise ValueError(f"reasoning must be one of {REASONINGS}, got {mode!r}")
+
+
 def think_reply(lookahead: str, reply: str) -> str:
     """``reply`` with ``lookahead`` before it in a think tag: ``<think>...</think><answer>...``.
     Parsing reads the last complete answer tag, so the env executes the same action."""

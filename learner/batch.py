@@ -68,7 +68,10 @@ def _chunks(rows: list, size: int) -> list[list]:
 
 def drop_span(sample: Sample, open_id: int, close_id: int) -> Sample:
     """``sample`` with every sampled span from ``open_id`` through the next ``close_id``
-    (e.g. ``<think>`` ... ``</think>``; to the end when it is not closed) out of the loss mask."""
+    (e.g. ``<think>`` ... ``</think>``) out of the loss mask. A span that is never closed is
+    kept: such a reply has no answer, and its tokens must carry the format penalty (dropping
+    them would leave a reply that never closes its think tag with no gradient at all, so
+    nothing would train the policy out of it)."""
     ids = np.asarray(sample.token_ids)
     opens = np.flatnonzero((ids == open_id) & (sample.loss_mask > 0))
     if not len(opens):
@@ -76,7 +79,8 @@ def drop_span(sample: Sample, open_id: int, close_id: int) -> Sample:
     mask = sample.loss_mask.copy()
     for start in opens:
         closes = np.flatnonzero(ids[start:] == close_id)
-        mask[start : start + closes[0] + 1 if len(closes) else len(ids)] = 0
+        if len(closes):
+            mask[start : start + closes[0] + 1] = 0
     return dataclasses.replace(sample, loss_mask=mask, behavior_logprobs=np.where(mask > 0, sample.behavior_logprobs, 0.0))
 
 

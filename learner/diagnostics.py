@@ -7,6 +7,12 @@ scored in full and renormalised over the task's actions; no sampling):
 
 - ``action_spread``: the mean total-variation distance between the action distributions of
   pairs of different states from random play. 0 means the same distribution on every state.
+- ``illegal_mass``: the mean probability of actions the state does not allow (FrozenLake: moves
+  off the board), over the same states; reported where some state allows fewer actions than
+  the task has. The pretraining's format replies are random *legal* moves, so a policy that
+  reads the state puts little mass there. ``blind_illegal_mass`` is the reference: the mass
+  that a board-blind model fitted to those replies puts there (one distribution for every state,
+  the mean of the states' uniform-over-legal distributions).
 - ``counterfactual_shift``: over the task's counterfactual probes
   (:meth:`~envs.base.MultiTurnEnv.counterfactual_probes`: pairs of states that differ in one
   detail, e.g. FrozenLake's hole below vs to the right of the player), the mean increase of
@@ -14,7 +20,7 @@ scored in full and renormalised over the task's actions; no sampling):
 
 Prompts are built as a ``window:0`` runner builds them (instructions and the current
 observation), the setting these diagnostics are meant for. With ``reasoning="lookahead"``
-every candidate reply starts with the state's true lookahead in a think tag
+(``"state"``) every candidate reply starts with the state's true lookahead (its text) in a think tag
 (:func:`envs.base.think_reply`), the same for all actions of a state, so the distribution is
 that of the answer given correct lookahead.
 """
@@ -27,7 +33,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
-from envs.base import think_reply
+from envs.base import reasoning_text, think_reply
 from learner.batch import batch_logprobs, supervised_batches
 
 #: Seeds of the diagnostic states: a block of their own, far from training and evaluation seeds.
@@ -63,11 +69,13 @@ def action_probabilities(policy, states: list[tuple[str, list[np.ndarray]]], rep
     return p / p.sum(axis=1, keepdims=True)
 
 
-def _random_states(env, n: int, rng: np.random.Generator, with_images: bool) -> tuple[list, set[str], list[str]]:
-    """``n`` observed states from short random walks, the legal actions seen in them, and each
-    state's lookahead (empty strings where the task has none)."""
+def _random_states(env, n: int, rng: np.random.Generator, with_images: bool,
+                   reasoning: str = "none") -> tuple[list, set[str], list[str], list[set[str]]]:
+    """``n`` observed states from short random walks, the legal actions seen in them, each
+    state's think text for ``reasoning`` (empty strings where the task has none) and each
+    state's legal actions."""
     task = env.unwrapped
-    states, actions, lookahead = [], set(), []
+    states, actions, lookahead, legal = [], set(), [], []
     for i in range(n * 3):
         if len(states) >= n:
             break
@@ -80,14 +88,15 @@ def _random_states(env, n: int, rng: np.random.Generator, with_images: bool) -> 
                 break
         else:
             states.append(_prompt(obs, instructions, first, with_images))
-            actions.update(task.legal_actions())
-            lookahead.append(_lookahead(task))
-    return states, actions, lookahead
+            legal.append(set(task.legal_actions()))
+            actions.update(legal[-1])
+            lookahead.append(_think(task, reasoning))
+    return states, actions, lookahead, legal
 
 
-def _lookahead(task) -> str:
+def _think(task, reasoning: str) -> str:
     try:
-        return task.lookahead_text()
+        return reasoning_text(task, reasoning) or ""
     except NotImplementedError:
         return ""
 
@@ -97,7 +106,7 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
                        reasoning: str = "none") -> dict[str, float]:
     """``action_spread`` and ``counterfactual_shift`` (see the module docstring) of ``policy``
     on ``env_id``; tasks without discrete actions or probes report only what they support.
-    ``reasoning="lookahead"``: replies are scored after the state's lookahead."""
+    ``reasoning="lookahead"`` / ``"state"``: replies are scored after the state's lookahead / text."""
     from envs.registry import make
 
     env = make(env_id, **dict(env_kwargs or {}))
@@ -111,8 +120,8 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
             pass
         rng = np.random.default_rng(seed)
         with_images = policy.is_vision
-        observed, actions, lookahead = _random_states(env, states, rng, with_images)
-        prefixes = lookahead if reasoning == "lookahead" else None
+        observed, actions, lookahead, legal = _random_states(env, states, rng, with_images, reasoning)
+        prefixes = lookahead if reasoning != "none" else None
         if not actions:
             return {}
         names = sorted(actions)
@@ -123,6 +132,11 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
             tv = 0.5 * np.abs(p[:, None, :] - p[None, :, :]).sum(-1)
             k = len(p)
             out["action_spread"] = float(tv.sum() / (k * (k - 1)))
+            allowed = np.array([[name in allow for name in names] for allow in legal])
+            if not allowed.all():
+                out["illegal_mass"] = float((p * ~allowed).sum(1).mean())
+                blind = (allowed / allowed.sum(1, keepdims=True)).mean(0)
+                out["blind_illegal_mass"] = float((blind * ~allowed).sum(1).mean())
         pairs = task.counterfactual_probes(np.random.default_rng(seed + 1), probes)
         if pairs:
             shown, ahead = [], []
@@ -130,9 +144,9 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
                 for options in (options_a, options_b):
                     obs, info = env.reset(seed=DIAGNOSTIC_SEED_BASE, options=options)
                     shown.append(_prompt(obs, info.get("instructions", ""), True, with_images))
-                    ahead.append(_lookahead(task))
+                    ahead.append(_think(task, reasoning))
             p = action_probabilities(policy, shown, replies, temperature,
-                                     prefixes=ahead if reasoning == "lookahead" else None)
+                                     prefixes=ahead if reasoning != "none" else None)
             col = np.array([names.index(action) for _, _, action in pairs])
             rows = np.arange(len(pairs))
             out["counterfactual_shift"] = float(np.mean(p[2 * rows + 1, col] - p[2 * rows, col]))

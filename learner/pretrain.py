@@ -14,7 +14,10 @@ without telling the model which action is good:
   with no preference between actions. With ``reasoning="lookahead"`` the reply starts with
   what each legal action leads to (:meth:`~envs.base.MultiTurnEnv.lookahead_text`) in a think
   tag, ``<think> Left - Down F Right H Up -</think><answer>Down</answer>``, so the policy
-  learns to write what lies next to it before it answers (the answer is still random).
+  learns to write what lies next to it before it answers (the answer is still random). With
+  ``reasoning="state"`` the think tag holds the state itself in the task's text notation
+  (:meth:`~envs.base.MultiTurnEnv.render_text`): a vision policy transcribes the image before
+  it answers, so its answer reads text, as a text policy's does.
 
 States come from random play: ``batch`` streams each play their own episodes of the task with
 random well-formed replies, one transition per stream per step (new tasks from a seed block
@@ -45,7 +48,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
-from envs.base import think_reply
+from envs.base import REASONINGS, reasoning_text, think_reply
 from learner.seeds import pretrain_seed
 from learner.update import nll_per_sample, supervised_step
 
@@ -54,8 +57,6 @@ logger = logging.getLogger(__name__)
 #: Bump when the examples or the training change, so cached pretrained models are rebuilt.
 PRETRAIN_VERSION = 1
 MARKER = "freshper_pretrain.json"
-#: What a reply writes before its answer: nothing, or the task's lookahead in a think tag.
-REASONINGS = ("none", "lookahead")
 
 
 @dataclass
@@ -74,8 +75,8 @@ class PretrainConfig:
     """share of observation examples (the state shown -> the state in the task's text notation),
     taken from the dynamics share: pure perception, useful where the state is an image"""
     reasoning: str = "none"
-    """``"lookahead"``: format replies start with the task's lookahead in a think tag (see the
-    module docstring); ``"none"``: the bare reply"""
+    """``"lookahead"`` / ``"state"``: format replies start with the task's lookahead / the state
+    in its text notation, in a think tag (see the module docstring); ``"none"``: the bare reply"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     seconds: float | None = None
@@ -167,8 +168,8 @@ class TransitionStreams:
                 out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
                                    "observe"))
             action = task.describe_action(reply)
-            if kind == "format" and self.reasoning == "lookahead":
-                reply = think_reply(task.lookahead_text(), reply)
+            if kind == "format" and self.reasoning != "none":
+                reply = think_reply(reasoning_text(task, self.reasoning), reply)
             nxt, _, terminated, truncated, info = env.step(reply)
             if kind == "dynamics":
                 outcome = task.outcome_text(bool(terminated), bool(info.get("success", False)))

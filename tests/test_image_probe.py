@@ -65,3 +65,35 @@ def test_a_record_the_text_task_does_not_reproduce_is_refused(tmp_path) -> None:
     run = _run_folder(tmp_path, "vision", "freshper/FrozenLakeVision-v0", records)
     with pytest.raises(SystemExit, match="not this task's twin"):
         image_probe.main([str(run)])
+
+
+def test_transcriptions_are_scored_against_the_rebuilt_boards(tmp_path, capsys) -> None:
+    """``--reasoning state`` replies write the board before the answer; the probe's last column
+    is how often that think tag is the turn's board exactly, read off the replayed text task."""
+    from benchmarks import image_probe
+    from envs.base import think_reply
+
+    env = envs.make("freshper/FrozenLakeVision-v0", feedback=False)
+    rng, records, right, total_turns = random.Random(5), [], 0, 0
+    for seed in range(1_900_000_100, 1_900_000_130):
+        obs, _ = env.reset(seed=seed)
+        rec_turns, total, done = [], 0.0, False
+        while not done:
+            board = env.unwrapped.render_text()
+            exact = rng.random() < 0.6
+            right += exact
+            total_turns += 1
+            shown = board if exact else board.replace("F", "H", 1)
+            reply = think_reply(shown, f"<answer>{rng.choice(['Left', 'Down', 'Right', 'Up'])}</answer>")
+            rec_turns.append(Turn(observation=obs["text"], reply=reply, reward=0.0, action_is_valid=True))
+            obs, reward, terminated, truncated, _ = env.step(reply)
+            total += float(reward)
+            done = terminated or truncated
+        records.append(Trajectory(env_id="freshper/FrozenLakeVision-v0", seed=seed, group_id=0, turns=rec_turns,
+                                  samples=[], episode_return=total, success=total > 0, policy_version=0))
+    assert 0 < right < total_turns
+    run = _run_folder(tmp_path, "state", "freshper/FrozenLakeVision-v0", records)
+    assert image_probe.main([str(run)]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[1].split()
+    assert float(row[-1]) == pytest.approx(right / total_turns, abs=0.005)
+    assert image_probe.transcribed_exactly([("x", "<answer>Up</answer>")]) == (0, 0)

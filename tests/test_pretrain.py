@@ -164,6 +164,29 @@ def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> Non
     assert "<answer>" in vocab
 
 
+def test_illegal_mass_is_the_probability_of_moves_off_the_board() -> None:
+    """A policy that always answers Up (Left) puts all its mass off the board exactly in the
+    diagnostic states whose player is on the top row (left column)."""
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+    from learner.diagnostics import _random_states, policy_diagnostics
+    from tests.conftest import with_logit_bias
+
+    base = Policy.from_pretrained(build_tiny_model("text"))
+    env = envs.make("freshper/FrozenLake-v0", feedback=False)
+    _, _, _, legal = _random_states(env, 16, np.random.default_rng(0), False)
+    for word in ("Up", "Left"):
+        always = with_logit_bias(base, {t: 60.0 for t in base.encode_reply(f"<answer>{word}</answer>")})
+        out = policy_diagnostics(always, "freshper/FrozenLake-v0", {"feedback": False}, states=16, probes=0)
+        want = np.mean([word not in allow for allow in legal])
+        assert 0 < want < 1 and out["illegal_mass"] == pytest.approx(want, abs=1e-3)
+    # the reference: one distribution for all states, the mean of their uniform-over-legal ones
+    names = ("Down", "Left", "Right", "Up")
+    q = np.mean([[1 / len(allow) if a in allow else 0.0 for a in names] for allow in legal], axis=0)
+    ref = np.mean([sum(q[i] for i, a in enumerate(names) if a not in allow) for allow in legal])
+    assert out["blind_illegal_mass"] == pytest.approx(ref) and 0 < ref < 0.5
+
+
 # -- lookahead reasoning -------------------------------------------------------------------------
 def _neighbours(board: list[list[str]]) -> str:
     """The cells Left/Down/Right/Up of P, read off a parsed board ('-' off the board)."""
@@ -221,6 +244,38 @@ def test_lookahead_format_examples_write_the_prompt_states_neighbours_before_a_r
     assert all("<think>" not in ex.reply for ex in examples if ex.kind == "dynamics")
 
 
+def test_state_format_examples_transcribe_the_shown_image_before_a_random_answer() -> None:
+    """``reasoning="state"`` on the image task: each format reply's think tag is the board the
+    example's image shows, in the text task's notation (the prompt itself shows no board)."""
+    from envs.frozenlake import parse_board
+
+    streams = TransitionStreams("freshper/FrozenLakeVision-v0", {"feedback": False}, n=16, seed=0,
+                                dynamics_fraction=0.5, with_images=True, reasoning="state")
+    try:
+        examples = [ex for _ in range(6) for ex in streams.examples()]
+    finally:
+        streams.close()
+    formats = [ex for ex in examples if ex.kind == "format"]
+    assert len(formats) > 20 and all(len(ex.images) == 1 and parse_board(ex.text) is None for ex in formats)
+    text_env = envs.make("freshper/FrozenLake-v0")
+    answers = set()
+    for ex in formats:
+        think, answer = ex.reply[len("<think>"):].split("</think>")
+        board = parse_board(think)
+        assert board is not None and sum(row.count("P") for row in board) == 1
+        # the image is the board's picture: the text task on that board renders the same pixels
+        (r, c), = [(i, j) for i, row in enumerate(board) for j, ch in enumerate(row) if ch == "P"]
+        desc = ["".join("S" if (i, j) == (0, 0) else ("F" if ch == "P" else ch) for j, ch in enumerate(row))
+                for i, row in enumerate(board)]
+        if board[0][0] != "P":
+            desc[0] = "S" + desc[0][1:]
+        text_env.reset(seed=0, options={"desc": desc, "position": [r, c]})
+        np.testing.assert_array_equal(text_env.unwrapped.render_image(), ex.images[0])
+        answers.add(answer)
+    assert len(answers) == 4
+    assert all("<think>" not in ex.reply for ex in examples if ex.kind == "dynamics")
+
+
 def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     from pathlib import Path
 
@@ -230,6 +285,8 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     plain, look = PretrainConfig(), PretrainConfig(reasoning="lookahead")
     key = cache_key(base, "freshper/FrozenLake-v0", {}, plain, 0)
     assert key != cache_key(base, "freshper/FrozenLake-v0", {}, look, 0)
+    assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainConfig(reasoning="state"), 0) not in (
+        key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
     old = dataclasses.asdict(plain)
     del old["observe_fraction"], old["reasoning"]  # the recipe as it was before either field
     import hashlib
@@ -263,4 +320,4 @@ def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -
     assert not np.allclose(together, action_probabilities(policy, states, replies), atol=1e-4)
     out = policy_diagnostics(policy, "freshper/FrozenLake-v0", {"feedback": False}, states=8, probes=8,
                              reasoning="lookahead")
-    assert set(out) == {"action_spread", "counterfactual_shift"} and out["action_spread"] > 0
+    assert set(out) == {"action_spread", "illegal_mass", "blind_illegal_mass", "counterfactual_shift"} and out["action_spread"] > 0

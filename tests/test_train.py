@@ -268,6 +268,21 @@ def test_lookahead_reasoning_trains_end_to_end_and_is_refused_where_a_task_has_n
     assert not (tmp_path / "sok").exists()  # refused before the run folder was made
 
 
+def test_state_reasoning_trains_the_image_task_end_to_end(tmp_path: Path, monkeypatch) -> None:
+    """``--reasoning state`` on FrozenLakeVision: the pretraining's format replies transcribe the
+    image, the run trains from that model, and its diagnostics score answers after the true
+    board text (the recipe is part of the cached model's key)."""
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    summary = train.train(tiny_config(tmp_path, run_name="state", env_id="freshper/FrozenLakeVision-v0", iterations=1,
+                                      reasoning="state", think_loss=False, pretrain_steps=2, pretrain_batch=4,
+                                      eval_every=0, gifs=0, max_new_tokens=32))
+    assert summary["iterations"] == 1 and "action_spread" in summary["evals"]["final"]
+    (marker,) = (tmp_path / "cache").glob("pretrained-FrozenLakeVision-v0-*/freshper_pretrain.json")
+    assert json.loads(marker.read_text())["recipe"]["reasoning"] == "state"
+    with pytest.raises(ValueError, match="--reasoning must be none|lookahead|state"):
+        train.validate(train.Config(reasoning="board"))
+
+
 def test_no_think_loss_leaves_the_think_span_out_of_the_loss_and_its_token_count() -> None:
     from agents.record import Sample, Trajectory, Turn
     from learner.batch import make_batches
@@ -280,11 +295,13 @@ def test_no_think_loss_leaves_the_think_span_out_of_the_loss_and_its_token_count
                       advantage=1.0)
     (full,) = make_batches([traj])
     (batch,) = make_batches([traj], skip_span=(o, c))
-    assert full.num_tokens == 7 + 3 + 2 and batch.num_tokens == 3 + 2  # the unclosed reply has nothing left
-    assert batch.size == 2
+    # the unclosed reply (no answer: an invalid one) keeps its tokens, so the format penalty trains them
+    assert full.num_tokens == 7 + 3 + 2 and batch.num_tokens == 3 + 3 + 2
+    assert batch.size == 3
     assert batch.mask[0].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1]
     assert batch.behavior_logprobs[0].tolist() == [0.0] * 6 + [-0.5] * 3
-    assert batch.mask[1].tolist()[:4] == [0, 0, 1, 1]
+    assert batch.mask[1].tolist()[:5] == [0, 0, 1, 1, 1]
+    assert batch.mask[2].tolist()[:4] == [0, 0, 1, 1]
 
 
 def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_path: Path) -> None:
