@@ -13,7 +13,7 @@ replayed episode ends with the record's return, and scores the probe on the rebu
 the record's replies. Prints the probe with a 95% Wilson interval (the interval the summaries
 use) and the task success, beside the counts. Where replies transcribe the image before they
 answer (``--reasoning state``), it also prints how often the think tag is the turn's board
-exactly. Reads ``eval/<phase>/records.jsonl`` or, in an
+exactly and how often it puts the player on its cell. Reads ``eval/<phase>/records.jsonl`` or, in an
 archived run, ``records.jsonl.gz`` (the images are not needed).
 """
 
@@ -54,17 +54,22 @@ def rebuilt_turns(records, text_env_id: str, env_kwargs: dict) -> list[tuple[str
     return turns
 
 
-def transcribed_exactly(turns: list[tuple[str, str]]) -> tuple[int, int]:
+def transcribed_exactly(turns: list[tuple[str, str]]) -> tuple[int, int, int]:
     """(turns whose reply has a think tag, of those the ones whose tag is the turn's state text
-    exactly, cell for cell): how well a ``--reasoning state`` policy transcribes what it is shown."""
-    thought = exact = 0
+    exactly, cell for cell, and the ones that put the player, alone, on its cell): how well a
+    ``--reasoning state`` policy transcribes what it is shown."""
+    thought = exact = player = 0
     for observation, reply in turns:
         think = extract_tag(reply, "think") if isinstance(reply, str) else None
-        if think is not None:
-            thought += 1
-            board = parse_board(think)
-            exact += board is not None and board == parse_board(observation)
-    return thought, exact
+        if think is None:
+            continue
+        thought += 1
+        board, truth = parse_board(think), parse_board(observation)
+        exact += board is not None and board == truth
+        if board is not None and truth is not None:
+            cells = lambda b: [(r, c) for r, row in enumerate(b) for c, ch in enumerate(row) if ch == "P"]  # noqa: E731
+            player += cells(board) == cells(truth)
+    return thought, exact, player
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-env", default=None, help="the text task to replay on (default: the id without 'Vision')")
     args = parser.parse_args(argv)
     print(f"{'run':<34} {'episodes':>8} {'success':>8} {'probe states':>12} {'safe-move probe':>16} {'95% CI':>15} "
-          f"{'transcribed':>11}")
+          f"{'transcribed':>11} {'player':>6}")
     for run in args.runs:
         config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
         folder = run / "eval" / args.phase
@@ -85,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = dict(config.get("env_kwargs") or {})
         turns = rebuilt_turns(records, text_env, kwargs)
         diag = envs.task_class(text_env).turn_diagnostics(turns)
-        thought, exact = transcribed_exactly(turns)
+        thought, exact, player = transcribed_exactly(turns)
         n = int(diag.get("probe_down_right", 0))
         safe = round(diag.get("probe_safe_rate", float("nan")) * n) if n else 0
         low, high = wilson_interval(safe, n) if n else (float("nan"), float("nan"))
         success = sum(r.success for r in records) / len(records)
         print(f"{run.parent.name + '/' + run.name:<34} {len(records):8d} {success:8.3f} {n:12d} "
               f"{diag.get('probe_safe_rate', float('nan')):16.2f} {f'[{low:.2f}, {high:.2f}]':>15} "
-              f"{f'{exact / thought:.2f}' if thought else '-':>11}")
+              f"{f'{exact / thought:.2f}' if thought else '-':>11} {f'{player / thought:.2f}' if thought else '-':>6}")
     return 0
 
 

@@ -465,7 +465,10 @@ def _tiles() -> dict[str, np.ndarray]:
                 draw.polygon([(14, 3), (24, 14), (14, 25), (4, 14)], fill=(250, 210, 40))
             elif kind == "S":  # a small grey mark at the start
                 draw.rectangle([3, 3, 8, 8], fill=(150, 170, 190))
-            if with_player:  # a red disc with a white outline
-                draw.ellipse([7, 7, TILE - 8, TILE - 8], fill=(220, 40, 40), outline=(255, 255, 255), width=2)
+            if with_player:  # a red disc as wide as the tile
+                # A small disc in the middle of the tile (the earlier drawing) changes a tile's
+                # vision-tower features far less than a hole does; the tiny VLM then learned to
+                # transcribe holes and never the player (docs/training.md, "The player").
+                draw.ellipse([0, 0, TILE - 1, TILE - 1], fill=(220, 40, 40))
             tiles[kind + ("P" if with_player else "")] = np.asarray(img, dtype=np.uint8)
     return tiles

@@ -258,9 +258,28 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
         del recipe["observe_fraction"]
     if recipe["reasoning"] == "none":  # likewise before the lookahead existed
         del recipe["reasoning"]
-    blob = json.dumps([PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed],
-                      sort_keys=True, default=str)
+    parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed]
+    image = _first_image_digest(env_id, env_kwargs)
+    if image is not None:  # a task drawn differently is another task to the model: rebuild
+        parts.append(image)
+    blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _first_image_digest(env_id: str, env_kwargs: dict[str, Any] | None) -> str | None:
+    """A digest of a vision task's first observation image (seed 0; None for a text task), so
+    the cache key changes when the task's drawing does."""
+    import envs
+
+    if envs.task_spec(env_id).modality != "vision":
+        return None
+    env = envs.make(env_id, **dict(env_kwargs or {}))
+    try:
+        obs, _ = env.reset(seed=0)
+        image = obs.get("image") if isinstance(obs, dict) else None
+        return None if image is None else hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:16]
+    finally:
+        env.close()
 
 
 def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,

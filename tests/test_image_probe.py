@@ -95,5 +95,8 @@ def test_transcriptions_are_scored_against_the_rebuilt_boards(tmp_path, capsys) 
     run = _run_folder(tmp_path, "state", "freshper/FrozenLakeVision-v0", records)
     assert image_probe.main([str(run)]) == 0
     row = capsys.readouterr().out.strip().splitlines()[1].split()
-    assert float(row[-1]) == pytest.approx(right / total_turns, abs=0.005)
-    assert image_probe.transcribed_exactly([("x", "<answer>Up</answer>")]) == (0, 0)
+    assert float(row[-2]) == pytest.approx(right / total_turns, abs=0.005)
+    assert float(row[-1]) == 1.0  # the wrong transcriptions changed a cell, not the player
+    assert image_probe.transcribed_exactly([("x", "<answer>Up</answer>")]) == (0, 0, 0)
+    moved = think_reply(" F P F F\n F F F F\n F F F F\n F F F G", "<answer>Up</answer>")
+    assert image_probe.transcribed_exactly([(" P F F F\n F F F F\n F F F F\n F F F G", moved)]) == (1, 0, 0)

@@ -299,6 +299,26 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
         PretrainConfig(reasoning="chain")
 
 
+def test_a_vision_task_drawn_differently_gets_another_cache_key(monkeypatch) -> None:
+    """The pretrained model of an image task is keyed by its drawing too (a digest of its
+    first observation image): redrawing the task rebuilds the model; a text task's key does
+    not depend on any drawing."""
+    from pathlib import Path
+
+    import envs.frozenlake as fl
+    from learner.pretrain import cache_key
+
+    base, cfg = Path("tiny-vision-s0-x"), PretrainConfig()
+    vision = cache_key(base, "freshper/FrozenLakeVision-v0", {}, cfg, 0)
+    text = cache_key(base, "freshper/FrozenLake-v0", {}, cfg, 0)
+    assert vision == cache_key(base, "freshper/FrozenLakeVision-v0", {}, cfg, 0)
+    tiles = {k: v.copy() for k, v in fl._tiles().items()}
+    tiles["SP"][10:18, 10:18] = 0  # the player drawn another way
+    monkeypatch.setattr(fl, "_tiles", lambda: tiles)
+    assert cache_key(base, "freshper/FrozenLakeVision-v0", {}, cfg, 0) != vision
+    assert cache_key(base, "freshper/FrozenLake-v0", {}, cfg, 0) == text
+
+
 def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -> None:
     from agents.policy import Policy
     from agents.tiny import build_tiny_model
