@@ -794,7 +794,7 @@ def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None) -> t
         "invalid_rate": result.invalid_reply_rate, "turns_mean": result.mean_turns,
         "failed_eval": int(result.stats.get("failed", 0)),
     }
-    out.update(task_turn_diagnostics(cfg.env_id, result.records))
+    out.update(task_turn_diagnostics(cfg.env_id, result.records, cfg.env_kwargs))
     if cfg.diagnostics and not greedy:
         out.update(policy_diagnostics(run.policy, cfg.env_id, cfg.env_kwargs, temperature=cfg.temperature,
                                       reasoning=cfg.reasoning))

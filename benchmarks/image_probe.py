@@ -1,20 +1,19 @@
-"""The safe-move probe of an image task's evaluation: replays each episode on the text task.
+"""The safe-move probe of an image task's evaluation, with the transcriptions of its replies.
 
     python benchmarks/image_probe.py runs/<vision run>                 # its final evaluation
     python benchmarks/image_probe.py runs/<vision run> --phase baseline
 
 The safe-move probe (``turn_diagnostics`` of FrozenLake: how often the policy takes the safe move
 where exactly one of Down/Right is a hole; 0.5 = board-blind) reads the board from each turn's
-observation text, and an image task's observations show none, so a run's summary has no probe
-for it. The held-out tasks are seeded, so this script rebuilds each turn's board: it resets the
-text task (``--text-env``, by default the run's env id without ``Vision``, with the run's
-``env_kwargs``) on the record's task seed and steps it with the record's replies, checks that the
-replayed episode ends with the record's return, and scores the probe on the rebuilt boards with
-the record's replies. Prints the probe with a 95% Wilson interval (the interval the summaries
-use) and the task success, beside the counts. Where replies transcribe the image before they
-answer (``--reasoning state``), it also prints how often the think tag is the turn's board
-exactly and how often it puts the player on its cell. Reads ``eval/<phase>/records.jsonl`` or, in an
-archived run, ``records.jsonl.gz`` (the images are not needed).
+observation text, which an image task's observation does not show. ``train.py`` evaluations
+replay each episode on the task to rebuild the boards (``learner.report.replayed_state_turns``:
+the record's task seed, its replies, ``render_text()`` of every state; it checks that each
+replayed episode ends with the record's return), and this script does the same for any run
+folder, archived ones included (``records.jsonl.gz``; the images are not needed). Prints the probe
+with a 95% Wilson interval (the interval the summaries use) and the task success, beside the
+counts. Where replies transcribe the image before they answer (``--reasoning state``), it also
+prints how often the think tag is the turn's board exactly and how often it puts the player on
+its cell.
 """
 
 from __future__ import annotations
@@ -32,26 +31,7 @@ from agents.record import load_records  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
 from envs.base import extract_tag  # noqa: E402
 from envs.frozenlake import parse_board  # noqa: E402
-
-
-def rebuilt_turns(records, text_env_id: str, env_kwargs: dict) -> list[tuple[str, str]]:
-    """(text observation, reply) of every turn of ``records``, replayed on the text task."""
-    env = envs.make(text_env_id, **env_kwargs)
-    turns: list[tuple[str, str]] = []
-    for rec in records:
-        obs, _ = env.reset(seed=int(rec.seed))
-        total = 0.0
-        for turn in rec.turns:
-            turns.append((obs["text"] if isinstance(obs, dict) else obs, turn.reply))
-            obs, reward, terminated, truncated, _ = env.step(turn.reply)
-            total += float(reward)
-            if terminated or truncated:
-                break
-        if abs(total - float(rec.episode_return)) > 1e-6:
-            raise SystemExit(f"episode of task seed {rec.seed}: the text task returns {total} for its replies, "
-                             f"the record {rec.episode_return}; {text_env_id} with {env_kwargs} is not this "
-                             "task's twin")
-    return turns
+from learner.report import replayed_state_turns  # noqa: E402
 
 
 def transcribed_exactly(turns: list[tuple[str, str]]) -> tuple[int, int, int]:
@@ -76,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--phase", default="final", help="evaluation folder under eval/ (final, baseline, ...)")
-    parser.add_argument("--text-env", default=None, help="the text task to replay on (default: the id without 'Vision')")
     args = parser.parse_args(argv)
     print(f"{'run':<34} {'episodes':>8} {'success':>8} {'probe states':>12} {'safe-move probe':>16} {'95% CI':>15} "
           f"{'transcribed':>11} {'player':>6}")
@@ -86,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (folder / "records.jsonl").exists() and not (folder / "records.jsonl.gz").exists():
             raise SystemExit(f"{folder}: no evaluation records (runs save them for the baseline and final evaluations)")
         records = load_records(folder, images=False)
-        text_env = args.text_env or config["env_id"].replace("Vision", "")
-        kwargs = dict(config.get("env_kwargs") or {})
-        turns = rebuilt_turns(records, text_env, kwargs)
-        diag = envs.task_class(text_env).turn_diagnostics(turns)
+        try:
+            turns = replayed_state_turns(config["env_id"], dict(config.get("env_kwargs") or {}), records)
+        except ValueError as exc:
+            raise SystemExit(f"{run}: {exc}") from exc
+        diag = envs.task_class(config["env_id"]).turn_diagnostics(turns)
         thought, exact, player = transcribed_exactly(turns)
         n = int(diag.get("probe_down_right", 0))
         safe = round(diag.get("probe_safe_rate", float("nan")) * n) if n else 0

@@ -91,14 +91,55 @@ def intervals_disjoint(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 # -- the task's own probe ---------------------------------------------------------------------
-def task_turn_diagnostics(env_id: str, records: Iterable[Any]) -> dict[str, float]:
+def task_turn_diagnostics(env_id: str, records: Iterable[Any], env_kwargs: dict[str, Any] | None = None) -> dict[str, float]:
     """The task's probe over the turns of (evaluation) records: the env contract's
     ``turn_diagnostics`` (FrozenLake: the safe-move rate where exactly one of Down/Right is a
-    hole, 0.5 = board-blind); empty for tasks without one."""
+    hole, 0.5 = board-blind); empty for tasks without one.
+
+    An image task's observation text does not show the state, so for a vision task each episode
+    is replayed on the task (``env_kwargs``, the record's task seed and replies) and the probe
+    reads ``render_text()`` of every turn's state instead (:func:`replayed_state_turns`). Where
+    a replay does not reproduce its record (a task that is not deterministic given its seed),
+    there is no probe: ``{}``."""
     import envs
 
-    turns = [(t.observation, t.reply) for rec in records for t in rec.turns]
-    return envs.task_class(env_id).turn_diagnostics(turns)
+    records = list(records)
+    cls = envs.task_class(env_id)
+    if cls.modality == "vision":
+        try:
+            turns = replayed_state_turns(env_id, env_kwargs or {}, records)
+        except ValueError:
+            return {}
+    else:
+        turns = [(t.observation, t.reply) for rec in records for t in rec.turns]
+    return cls.turn_diagnostics(turns)
+
+
+def replayed_state_turns(env_id: str, env_kwargs: dict[str, Any], records: Iterable[Any]) -> list[tuple[str, str]]:
+    """(state text, reply) of every turn of ``records``, rebuilt by resetting the task on each
+    record's task seed and stepping it with the record's replies; ``render_text()`` gives each
+    turn's state in the task's text notation. Raises ``ValueError`` when a replayed episode does
+    not end with its record's return (the records come from another task or other settings)."""
+    import envs
+
+    env = envs.make(env_id, **env_kwargs)
+    turns: list[tuple[str, str]] = []
+    try:
+        for rec in records:
+            env.reset(seed=int(rec.seed))
+            total = 0.0
+            for turn in rec.turns:
+                turns.append((env.unwrapped.render_text(), turn.reply))
+                _, reward, terminated, truncated, _ = env.step(turn.reply)
+                total += float(reward)
+                if terminated or truncated:
+                    break
+            if abs(total - float(rec.episode_return)) > 1e-6:
+                raise ValueError(f"episode of task seed {rec.seed}: {env_id} with {env_kwargs} returns {total} for "
+                                 f"its replies, the record {rec.episode_return}: not the task these records come from")
+    finally:
+        env.close()
+    return turns
 
 
 # -- curves.png -------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_a_record_the_text_task_does_not_reproduce_is_refused(tmp_path) -> None:
     records, _ = _play("freshper/FrozenLakeVision-v0", range(5), random.Random(0))
     records[2].episode_return += 1.0
     run = _run_folder(tmp_path, "vision", "freshper/FrozenLakeVision-v0", records)
-    with pytest.raises(SystemExit, match="not this task's twin"):
+    with pytest.raises(SystemExit, match="not the task these records come from"):
         image_probe.main([str(run)])
 
 
@@ -100,3 +100,20 @@ def test_transcriptions_are_scored_against_the_rebuilt_boards(tmp_path, capsys) 
     assert image_probe.transcribed_exactly([("x", "<answer>Up</answer>")]) == (0, 0, 0)
     moved = think_reply(" F P F F\n F F F F\n F F F F\n F F F G", "<answer>Up</answer>")
     assert image_probe.transcribed_exactly([(" P F F F\n F F F F\n F F F F\n F F F G", moved)]) == (1, 0, 0)
+
+
+def test_evaluations_of_an_image_task_report_the_probe_of_the_replayed_boards() -> None:
+    """``train.py``'s evaluations call ``task_turn_diagnostics``: for an image task it rebuilds
+    the boards by replaying each record, so the run's summary has the same probe as the text
+    task's on the same episodes; a record the task does not reproduce leaves no probe."""
+    from learner.report import task_turn_diagnostics
+
+    seeds = range(1_900_000_000, 1_900_000_060)
+    vision_records, _ = _play("freshper/FrozenLakeVision-v0", seeds, random.Random(3))
+    _, text_turns = _play("freshper/FrozenLake-v0", seeds, random.Random(3))
+    want = envs.task_class("freshper/FrozenLake-v0").turn_diagnostics(text_turns)
+    got = task_turn_diagnostics("freshper/FrozenLakeVision-v0", vision_records, {"feedback": False})
+    assert want["probe_down_right"] > 20
+    assert got == pytest.approx(want, nan_ok=True)
+    vision_records[4].episode_return += 1.0
+    assert task_turn_diagnostics("freshper/FrozenLakeVision-v0", vision_records, {"feedback": False}) == {}
