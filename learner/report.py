@@ -103,7 +103,6 @@ def task_turn_diagnostics(env_id: str, records: Iterable[Any], env_kwargs: dict[
     there is no probe: ``{}``."""
     import envs
 
-    records = list(records)
     cls = envs.task_class(env_id)
     if cls.modality == "vision":
         try:
