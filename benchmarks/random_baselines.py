@@ -3,8 +3,9 @@
     python benchmarks/random_baselines.py --episodes 200
     python benchmarks/random_baselines.py --tasks freshper/Sokoban-v0 --env-kwargs '{"max_solution_moves": 4}'
 
-Per task: the random agent (``sample_reply``: a uniformly drawn legal action each turn, the
-random well-formed replies the embedded model is pretrained on) and, for FrozenLake, the
+Per task: the random agent (``sample_reply``: a uniformly drawn effective action each turn, the
+random well-formed replies the embedded model is pretrained on), where the task skips no-op
+moves there (Sokoban) a uniformly drawn legal move beside it, and, for FrozenLake, the
 board-blind Down/Right habit (a random one of Down/Right each turn). Seeds are the held-out
 evaluation seeds (``learner.seeds.EVAL_SEED_BASE`` on), so the numbers sit beside a run's final
 evaluation. ``--env-kwargs`` (JSON) builds the tasks with those keyword arguments, e.g. the
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import envs  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
+from envs.base import MultiTurnEnv  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE  # noqa: E402
 
 TASKS = ["freshper/FrozenLake-v0", "freshper/Sokoban-v0", "freshper/SearchQA-v0"]
@@ -57,6 +59,13 @@ def main() -> int:
     for env_id in args.tasks:
         rows.append((env_id, "random agent (sample_reply)", *play(env_id, args.episodes, lambda t, rng: t.sample_reply(rng),
                                                                     args.env_kwargs)))
+        probe = envs.make(env_id, **(args.env_kwargs or {}))
+        narrowed = type(probe.unwrapped).effective_actions is not MultiTurnEnv.effective_actions
+        probe.close()
+        if narrowed:  # the task's random replies skip no-op moves: every legal move beside them
+            rows.append((env_id, "random legal move (no-ops too)", *play(
+                env_id, args.episodes, lambda t, rng: t.format_reply(t.legal_actions()[int(rng.integers(len(t.legal_actions())))]),
+                args.env_kwargs)))
         if "FrozenLake" in env_id:
             rows.append((env_id, "random Down/Right", *play(
                 env_id, args.episodes, lambda t, rng: t.format_reply(("Down", "Right")[int(rng.integers(2))]),

@@ -24,6 +24,8 @@ what a task declares or implements         what it is for / the default
 ``render_image()``                         vision tasks (required there), optional otherwise
 ``legal_actions()`` or ``sample_reply()``  random well-formed replies: the random agent,
                                            pretraining replies (required: one of the two)
+``effective_actions()``                    the legal actions that change the state (what
+                                           ``sample_reply`` draws); all legal ones
 ``format_reply(action)``                   ``<answer>action</answer>``
 ``describe_action(reply)``                 the answer tag's content
 ``outcome_text(terminated, success)``      the new state (``render_text``), or
@@ -234,13 +236,24 @@ class MultiTurnEnv(gym.Env[dict, str]):
         """The canonical reply naming ``action``, e.g. ``"<answer>Down</answer>"``."""
         return f"{_ANSWER_OPEN}{action}{_ANSWER_CLOSE}"
 
+    def effective_actions(self) -> list[str]:
+        """The legal actions that change the state (default: every legal action).
+
+        A task where some legal moves are no-ops (Sokoban: a step into a wall, a push against
+        a wall or a second box) narrows them here. :meth:`sample_reply` draws from these, so a
+        model pretrained on random replies has to read the state to imitate them: with replies
+        drawn the same way on every board, its move distribution ignores the board and RL starts
+        with no state-dependent choice to reinforce (docs/training.md, "What blocks Sokoban").
+        """
+        return list(self.legal_actions())
+
     def sample_reply(self, rng: np.random.Generator) -> str:
-        """A random well-formed reply for the current state: a uniformly drawn legal action in
-        the task's reply format. The random agent of ``python -m envs.play --random``, and the
-        replies of the embedded model's pretraining."""
-        legal = list(self.legal_actions())
+        """A random well-formed reply for the current state: a uniformly drawn effective action
+        (:meth:`effective_actions`) in the task's reply format. The random agent of
+        ``python -m envs.play --random``, and the replies of the embedded model's pretraining."""
+        legal = list(self.effective_actions())
         if not legal:
-            raise ValueError(f"{type(self).__name__}.legal_actions() is empty in this state")
+            raise ValueError(f"{type(self).__name__}.effective_actions() is empty in this state")
         return self.format_reply(legal[int(rng.integers(len(legal)))])
 
     def describe_action(self, reply: str) -> str:

@@ -7,10 +7,11 @@ scored in full and renormalised over the task's actions; no sampling):
 
 - ``action_spread``: the mean total-variation distance between the action distributions of
   pairs of different states from random play. 0 means the same distribution on every state.
-- ``illegal_mass``: the mean probability of actions the state does not allow (FrozenLake: moves
-  off the board), over the same states; reported where some state allows fewer actions than
-  the task has. The pretraining's format replies are random *legal* moves, so a policy that
-  reads the state puts little mass there. ``blind_illegal_mass`` is the reference: the mass
+- ``illegal_mass``: the mean probability of actions that the state does not allow or that
+  change nothing in it (FrozenLake: moves off the board; Sokoban: steps into a wall, blocked
+  pushes; :meth:`~envs.base.MultiTurnEnv.effective_actions`), over the same states; reported
+  where some state allows fewer actions than the task has. The pretraining's format replies are
+  random *effective* moves, so a policy that reads the state puts little mass there. ``blind_illegal_mass`` is the reference: the mass
   that a board-blind model fitted to those replies puts there (one distribution for every state,
   the mean of the states' uniform-over-legal distributions).
 - ``counterfactual_shift``: over the task's counterfactual probes
@@ -73,7 +74,7 @@ def _random_states(env, n: int, rng: np.random.Generator, with_images: bool,
                    reasoning: str = "none") -> tuple[list, set[str], list[str], list[set[str]]]:
     """``n`` observed states from short random walks, the legal actions seen in them, each
     state's think text for ``reasoning`` (empty strings where the task has none) and each
-    state's legal actions."""
+    state's effective actions."""
     task = env.unwrapped
     states, actions, lookahead, legal = [], set(), [], []
     for i in range(n * 3):
@@ -88,8 +89,8 @@ def _random_states(env, n: int, rng: np.random.Generator, with_images: bool,
                 break
         else:
             states.append(_prompt(obs, instructions, first, with_images))
-            legal.append(set(task.legal_actions()))
-            actions.update(legal[-1])
+            actions.update(task.legal_actions())
+            legal.append(set(task.effective_actions()))
             lookahead.append(_think(task, reasoning))
     return states, actions, lookahead, legal
 

@@ -258,28 +258,36 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
         del recipe["observe_fraction"]
     if recipe["reasoning"] == "none":  # likewise before the lookahead existed
         del recipe["reasoning"]
-    parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed]
-    image = _first_image_digest(env_id, env_kwargs)
-    if image is not None:  # a task drawn differently is another task to the model: rebuild
-        parts.append(image)
+    parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed,
+                        random_play_digest(env_id, env_kwargs)]
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _first_image_digest(env_id: str, env_kwargs: dict[str, Any] | None) -> str | None:
-    """A digest of a vision task's first observation image (seed 0; None for a text task), so
-    the cache key changes when the task's drawing does."""
+def random_play_digest(env_id: str, env_kwargs: dict[str, Any] | None, turns: int = 12) -> str:
+    """A digest of a short stretch of the task's random play (seed 0: its observations, images
+    included, and the random replies it draws), so the pretrained model's cache key changes
+    when what the pretraining would see does: a task drawn or worded differently, or random
+    replies drawn another way, is another task to the model and is pretrained again."""
     import envs
 
-    if envs.task_spec(env_id).modality != "vision":
-        return None
+    digest = hashlib.sha256()
     env = envs.make(env_id, **dict(env_kwargs or {}))
     try:
+        rng = np.random.default_rng(0)
         obs, _ = env.reset(seed=0)
-        image = obs.get("image") if isinstance(obs, dict) else None
-        return None if image is None else hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:16]
+        for _ in range(turns):
+            digest.update(str(obs.get("text", "")).encode())
+            if obs.get("image") is not None:
+                digest.update(np.ascontiguousarray(obs["image"]).tobytes())
+            reply = env.unwrapped.sample_reply(rng)
+            digest.update(reply.encode())
+            obs, _, terminated, truncated, _ = env.step(reply)
+            if terminated or truncated:
+                obs, _ = env.reset(seed=1)
     finally:
         env.close()
+    return digest.hexdigest()[:16]
 
 
 def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,

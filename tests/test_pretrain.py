@@ -292,8 +292,9 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     import hashlib
     import json
 
-    from learner.pretrain import PRETRAIN_VERSION
-    blob = json.dumps([PRETRAIN_VERSION, base.name, "freshper/FrozenLake-v0", {}, old, 0], sort_keys=True, default=str)
+    from learner.pretrain import PRETRAIN_VERSION, random_play_digest
+    blob = json.dumps([PRETRAIN_VERSION, base.name, "freshper/FrozenLake-v0", {}, old, 0,
+                       random_play_digest("freshper/FrozenLake-v0", {})], sort_keys=True, default=str)
     assert key == hashlib.sha256(blob.encode()).hexdigest()[:12]
     with pytest.raises(ValueError, match="reasoning"):
         PretrainConfig(reasoning="chain")
@@ -301,8 +302,8 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
 
 def test_a_vision_task_drawn_differently_gets_another_cache_key(monkeypatch) -> None:
     """The pretrained model of an image task is keyed by its drawing too (a digest of its
-    first observation image): redrawing the task rebuilds the model; a text task's key does
-    not depend on any drawing."""
+    random play, images included): redrawing the task rebuilds the model; a text task's key
+    does not depend on any drawing."""
     from pathlib import Path
 
     import envs.frozenlake as fl
@@ -317,6 +318,22 @@ def test_a_vision_task_drawn_differently_gets_another_cache_key(monkeypatch) -> 
     monkeypatch.setattr(fl, "_tiles", lambda: tiles)
     assert cache_key(base, "freshper/FrozenLakeVision-v0", {}, cfg, 0) != vision
     assert cache_key(base, "freshper/FrozenLake-v0", {}, cfg, 0) == text
+
+
+def test_random_replies_drawn_another_way_get_another_cache_key(monkeypatch) -> None:
+    """What the pretraining sees includes the task's random replies: a task that draws them
+    differently (here Sokoban drawing from every move again) is pretrained again."""
+    from pathlib import Path
+
+    from envs.base import MultiTurnEnv
+    from envs.sokoban.env import SokobanEnv
+    from learner.pretrain import cache_key
+
+    base, cfg, kwargs = Path("tiny-text-s0-x"), PretrainConfig(), {"preset": "simple"}
+    key = cache_key(base, "freshper/Sokoban-v0", kwargs, cfg, 0)
+    assert key == cache_key(base, "freshper/Sokoban-v0", kwargs, cfg, 0)
+    monkeypatch.setattr(SokobanEnv, "effective_actions", MultiTurnEnv.effective_actions)
+    assert cache_key(base, "freshper/Sokoban-v0", kwargs, cfg, 0) != key
 
 
 def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -> None:

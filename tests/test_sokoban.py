@@ -259,6 +259,32 @@ def test_legal_actions_and_format_reply():
         SokobanEnv.format_reply("jump")
 
 
+def test_effective_actions_are_the_moves_that_change_the_state():
+    """Checked against the real step on states from random play: a move is effective exactly
+    when stepping it changes the board; random replies only draw effective moves."""
+    rng = np.random.default_rng(0)
+    seen_blocked = 0
+    for seed in range(30):
+        env = SokobanEnv(preset="simple", feedback=False)
+        env.reset(seed=seed)
+        for _ in range(6):
+            before = env.render_text()
+            effective = env.effective_actions()
+            for move in env.legal_actions():
+                probe = SokobanEnv(preset="simple", feedback=False)
+                probe.reset(seed=seed)
+                probe._player, probe._boxes = env._player, env._boxes.copy()
+                probe.step(SokobanEnv.format_reply(move))
+                assert (probe.render_text() != before) == (move in effective), (seed, move, before)
+            seen_blocked += 4 - len(effective)
+            reply = env.sample_reply(rng)
+            assert env.describe_action(reply) in effective
+            _, _, terminated, truncated, _ = env.step(reply)
+            if terminated or truncated:
+                break
+    assert seen_blocked > 0  # the states include blocked moves, so the check above bites
+
+
 # -- XSB ----------------------------------------------------------------------------------------
 
 COLLECTION = """; two small levels

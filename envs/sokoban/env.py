@@ -381,6 +381,21 @@ class SokobanEnv(MultiTurnEnv):
         """Every move name; all are always legal (a blocked move is a no-op, not an error)."""
         return list(ACTIONS)
 
+    def effective_actions(self) -> list[str]:
+        """The moves that change the state: not into a wall, not a push against a wall or a
+        second box (every move if none does, which no valid level allows). Random replies and
+        the pretraining's replies draw from these, so imitating them needs the board."""
+        assert self.level is not None, "call reset() first"
+        width = self.level.width
+        walls, boxes = self.level.walls, self._boxes
+        moves = []
+        for index, delta in enumerate((-width, width, -1, 1)):
+            target = self._player + delta
+            if walls[target] or (boxes[target] and (walls[target + delta] or boxes[target + delta])):
+                continue
+            moves.append(ACTIONS[index])
+        return moves or list(ACTIONS)
+
     @staticmethod
     def format_reply(action: str) -> str:
         """The canonical reply for a move name, e.g. ``"<answer>Up</answer>"``."""
