@@ -106,7 +106,10 @@ class SokobanEnv(MultiTurnEnv):
     Large collections are indexed and parsed lazily (:class:`LevelCollection`); a malformed
     level met by a seeded draw is skipped (with a warning) for the next good one, while
     ``level_index`` naming it raises :class:`LevelError`. ``feedback=False``: observations after
-    a step are the board alone (no move feedback or turns left).
+    a step are the board alone (no move feedback or turns left). ``spaced=True``: the text board
+    writes a space before every cell (`` # # _ $ #``), so every cell is the same tokens whatever
+    its neighbours (byte-level BPE merges runs of XSB, ``######`` or ``$_#``, into one token, and
+    a cell's tokens then change with the cells beside it); the trainer's Sokoban config uses it.
     """
 
     modality: ClassVar[str] = "text"
@@ -125,6 +128,7 @@ class SokobanEnv(MultiTurnEnv):
         format_penalty: float = -0.1,
         render_mode: str | None = None,
         feedback: bool = True,
+        spaced: bool = False,
         tile_size: int = 28,
         search_budget: int = 30_000,
     ) -> None:
@@ -185,6 +189,7 @@ class SokobanEnv(MultiTurnEnv):
         self.max_solution_moves = int(max_solution_moves)
         self.search_budget = int(search_budget)
         self.tile_size = int(tile_size)
+        self.spaced = bool(spaced)
         if isinstance(self._levels, LevelCollection):
             grid = (self._levels.max_height, self._levels.max_width)
         elif self._levels is not None:
@@ -275,7 +280,14 @@ class SokobanEnv(MultiTurnEnv):
         )
 
     def state_text(self) -> str:
-        return "Board:\n" + self._xsb(OBS_FLOOR)
+        return "Board:\n" + self._board()
+
+    def _board(self) -> str:
+        """The observation's board: XSB with ``_`` for floor, a space before each cell if spaced."""
+        board = self._xsb(OBS_FLOOR)
+        if not self.spaced:
+            return board
+        return "\n".join("".join(" " + ch for ch in row) for row in board.split("\n"))
 
     def render_text(self) -> str:
         """The current board in standard XSB (space for floor)."""
@@ -373,7 +385,7 @@ class SokobanEnv(MultiTurnEnv):
         the dynamics pretraining target."""
         if terminated:
             return "solved" if success else "failure"
-        return self._xsb(OBS_FLOOR)
+        return self._board()
 
     # -- helpers for agents and training ------------------------------------------------
     @staticmethod
