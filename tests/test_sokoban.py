@@ -285,6 +285,21 @@ def test_effective_actions_are_the_moves_that_change_the_state():
     assert seen_blocked > 0  # the states include blocked moves, so the check above bites
 
 
+def test_spaced_board_writes_each_cell_after_a_space_in_observation_and_dynamics_target():
+    plain = SokobanEnv(preset="simple", feedback=False)
+    spaced = SokobanEnv(preset="simple", feedback=False, spaced=True)
+    for env in (plain, spaced):
+        env.reset(seed=3)
+        env.step("<answer>Left</answer>")
+    rows = plain.state_text().split("\n")[1:]
+    srows = spaced.state_text().split("\n")[1:]
+    assert srows == ["".join(" " + ch for ch in row) for row in rows]
+    assert all(len(row) == 2 * plain.level.width for row in srows)
+    assert spaced.outcome_text(False, False) == "\n".join(srows)  # the dynamics target in the same notation
+    assert spaced.render_text() == plain.render_text()  # ansi stays standard XSB
+    assert spaced.instructions() == plain.instructions()
+
+
 # -- XSB ----------------------------------------------------------------------------------------
 
 COLLECTION = """; two small levels
