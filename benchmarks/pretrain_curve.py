@@ -13,7 +13,9 @@ state it is shown. With ``--observe`` (observation examples in the mix) it also 
 observation examples (the state as shown, e.g. an image, -> the state as text): whether the
 model perceives the state at all, apart from predicting what a move does. ``--model PATH``
 starts from a saved model folder (e.g. a cached pretrained default) instead of the untrained
-embedded one; with ``--steps 0`` it only measures that model. Prints one table row per measurement; ``--json PATH`` also writes them.
+embedded one; with ``--steps 0`` it only measures that model. ``--policy-probe N`` also measures
+whether the move distribution reads the state (``learner.diagnostics``: action spread, and the
+mass on moves that do nothing beside a board-blind model's) on N random-play states. Prints one table row per measurement; ``--json PATH`` also writes them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--model", default=None, help="start from this model folder (default: the untrained embedded model)")
+    parser.add_argument("--env-kwargs", type=json.loads, default=None, metavar="JSON",
+                        help='keyword arguments of the task, over the trainer\'s defaults, e.g. \'{"preset": "simple", "spaced": true}\'')
+    parser.add_argument("--policy-probe", type=int, default=0, metavar="STATES",
+                        help="also measure the move distribution on this many random-play states: action spread and "
+                             "illegal mass beside the board-blind reference (learner.diagnostics)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,7 +62,7 @@ def main() -> int:
     from learner.update import nll_per_sample
 
     modality = envs.task_spec(args.env_id).modality
-    kwargs = default_env_kwargs(args.env_id, "window:0")
+    kwargs = {**default_env_kwargs(args.env_id, "window:0"), **(args.env_kwargs or {})}
     policy = Policy.from_pretrained(args.model or build_tiny_model(modality, seed=args.seed))
     vision = policy.is_vision
     held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_729, 1.0, vision)
@@ -87,6 +94,12 @@ def main() -> int:
                "format_nll": float(nll_per_sample(policy, fmt_s, fmt_i).mean()), "dynamics_exact": exact_rate(dyn)}
         line = (f"{row['step']:>6} {row['seconds']:>8} {row['dynamics_nll']:>12.3f} {row['format_nll']:>10.3f} "
                 f"{row['dynamics_exact']:>16.2f}")
+        if args.policy_probe:
+            from learner.diagnostics import policy_diagnostics
+
+            diag = policy_diagnostics(policy, args.env_id, kwargs, states=args.policy_probe, probes=0)
+            row.update({k: diag[k] for k in ("action_spread", "illegal_mass", "blind_illegal_mass") if k in diag})
+            line += "".join(f" {row.get(k, float('nan')):>13.3f}" for k in ("action_spread", "illegal_mass", "blind_illegal_mass"))
         if obs:
             row.update(observe_nll=float(nll_per_sample(policy, obs_s, obs_i).mean()), observe_exact=exact_rate(obs))
             line += f" {row['observe_nll']:>11.3f} {row['observe_exact']:>13.2f}"
@@ -95,6 +108,7 @@ def main() -> int:
 
     print(f"{args.env_id}: batch {args.batch}, lr {args.lr}, dynamics share {args.dynamics}, observation share {args.observe}")
     print(f"{'step':>6} {'seconds':>8} {'dynamics nll':>12} {'format nll':>10} {'next state exact':>16}"
+          + (f" {'action spread':>13} {'illegal mass':>13} {'blind ref':>13}" if args.policy_probe else "")
           + (f" {'observe nll':>11} {'observe exact':>13}" if obs else ""))
     measure(0)
     torch.manual_seed(args.seed)
