@@ -30,6 +30,10 @@ _ACTION_INDEX = {name.lower(): i for i, name in enumerate(ACTIONS)}
 #: easy to lose in tokenisation). ``render_mode="ansi"`` uses the standard space.
 OBS_FLOOR = "_"
 STEP_PENALTY, BOX_ON_REWARD, BOX_OFF_PENALTY, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.0
+#: Text board notations (``SokobanEnv(board=...)``).
+BOARD_NOTATIONS = ("xsb", "spaced", "letters")
+#: XSB cell -> the ``"letters"`` notation's letter (outside cells stay blank).
+_LETTERS = {"#": "w", OBS_FLOOR: "f", ".": "o", "$": "b", "*": "d", "@": "p", "+": "P"}
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,16 @@ class SokobanEnv(MultiTurnEnv):
     Large collections are indexed and parsed lazily (:class:`LevelCollection`); a malformed
     level met by a seeded draw is skipped (with a warning) for the next good one, while
     ``level_index`` naming it raises :class:`LevelError`. ``feedback=False``: observations after
-    a step are the board alone (no move feedback or turns left). ``spaced=True``: the text board
-    writes a space before every cell (`` # # _ $ #``), so every cell is the same tokens whatever
-    its neighbours (byte-level BPE merges runs of XSB, ``######`` or ``$_#``, into one token, and
-    a cell's tokens then change with the cells beside it); the trainer's Sokoban config uses it.
+    a step are the board alone (no move feedback or turns left).
+
+    ``board``: the text board's notation. ``"xsb"`` (XSB with ``_`` for floor, the default);
+    ``"spaced"``, XSB with a space before every cell (`` # # _ $ #``); ``"letters"``, one letter
+    per cell after a space (`` w f o b d p P``: wall, floor, goal, box, box on a goal, you, you on
+    a goal), each cell one token of the embedded tokenizer. Byte-level BPE merges runs of XSB
+    (``######``, ``$_#``) into tokens whose meaning depends on the neighbouring cells;
+    ``"letters"`` gives a tiny model a board whose cells sit at fixed token offsets, as
+    FrozenLake's does (docs/training.md, "What blocks Sokoban"). ``render_text()`` is standard
+    XSB in every notation.
     """
 
     modality: ClassVar[str] = "text"
@@ -128,7 +138,7 @@ class SokobanEnv(MultiTurnEnv):
         format_penalty: float = -0.1,
         render_mode: str | None = None,
         feedback: bool = True,
-        spaced: bool = False,
+        board: str = "xsb",
         tile_size: int = 28,
         search_budget: int = 30_000,
     ) -> None:
@@ -189,7 +199,9 @@ class SokobanEnv(MultiTurnEnv):
         self.max_solution_moves = int(max_solution_moves)
         self.search_budget = int(search_budget)
         self.tile_size = int(tile_size)
-        self.spaced = bool(spaced)
+        if board not in BOARD_NOTATIONS:
+            raise ValueError(f"unknown Sokoban board notation {board!r}; choose one of {sorted(BOARD_NOTATIONS)}")
+        self.board = board
         if isinstance(self._levels, LevelCollection):
             grid = (self._levels.max_height, self._levels.max_width)
         elif self._levels is not None:
@@ -274,6 +286,9 @@ class SokobanEnv(MultiTurnEnv):
         )
 
     def _legend(self) -> str:
+        if self.board == "letters":
+            return ("Board legend: w wall, f floor, o goal, b box, d box on a goal, p you, P you on a goal. "
+                    "Up is towards the first row.")
         return (
             f"Board legend: # wall, {OBS_FLOOR} floor, . goal, $ box, * box on a goal, "
             "@ you, + you on a goal. Up is towards the first row."
@@ -283,11 +298,12 @@ class SokobanEnv(MultiTurnEnv):
         return "Board:\n" + self._board()
 
     def _board(self) -> str:
-        """The observation's board: XSB with ``_`` for floor, a space before each cell if spaced."""
+        """The observation's board in the ``board`` notation."""
         board = self._xsb(OBS_FLOOR)
-        if not self.spaced:
+        if self.board == "xsb":
             return board
-        return "\n".join("".join(" " + ch for ch in row) for row in board.split("\n"))
+        table = _LETTERS if self.board == "letters" else None
+        return "\n".join("".join(" " + (table.get(ch, ch) if table else ch) for ch in row) for row in board.split("\n"))
 
     def render_text(self) -> str:
         """The current board in standard XSB (space for floor)."""
