@@ -285,19 +285,35 @@ def test_effective_actions_are_the_moves_that_change_the_state():
     assert seen_blocked > 0  # the states include blocked moves, so the check above bites
 
 
-def test_spaced_board_writes_each_cell_after_a_space_in_observation_and_dynamics_target():
+@pytest.mark.parametrize("board", ["spaced", "letters"])
+def test_board_notations_write_each_cell_after_a_space_in_observation_and_dynamics_target(board):
     plain = SokobanEnv(preset="simple", feedback=False)
-    spaced = SokobanEnv(preset="simple", feedback=False, spaced=True)
-    for env in (plain, spaced):
+    other = SokobanEnv(preset="simple", feedback=False, board=board)
+    for env in (plain, other):
         env.reset(seed=3)
         env.step("<answer>Left</answer>")
     rows = plain.state_text().split("\n")[1:]
-    srows = spaced.state_text().split("\n")[1:]
-    assert srows == ["".join(" " + ch for ch in row) for row in rows]
-    assert all(len(row) == 2 * plain.level.width for row in srows)
-    assert spaced.outcome_text(False, False) == "\n".join(srows)  # the dynamics target in the same notation
-    assert spaced.render_text() == plain.render_text()  # ansi stays standard XSB
-    assert spaced.instructions() == plain.instructions()
+    letters = {"#": "w", "_": "f", ".": "o", "$": "b", "*": "d", "@": "p", "+": "P"}
+    expect = ["".join(" " + (letters[ch] if board == "letters" else ch) for ch in row) for row in rows]
+    assert other.state_text().split("\n")[1:] == expect
+    assert other.outcome_text(False, False) == "\n".join(expect)  # the dynamics target in the same notation
+    assert other.render_text() == plain.render_text()  # ansi stays standard XSB
+    assert ("w wall" in other.instructions()) == (board == "letters")
+    with pytest.raises(ValueError, match="notation"):
+        SokobanEnv(board="ascii")
+
+
+def test_letters_board_is_one_token_per_cell_for_the_embedded_tokenizer():
+    from transformers import AutoTokenizer
+
+    from agents.tiny import build_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_model("text"))
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    env.reset(seed=4)
+    board = env.outcome_text(False, False)
+    pieces = [tok.decode([i]) for i in tok(board)["input_ids"]]
+    assert [p for p in pieces if p != "\n"] == [" " + c for c in board.replace("\n", "").split(" ")[1:]]
 
 
 # -- XSB ----------------------------------------------------------------------------------------
