@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="start from this model folder (default: the untrained embedded model)")
     parser.add_argument("--env-kwargs", type=json.loads, default=None, metavar="JSON",
                         help='keyword arguments of the task, over the trainer\'s defaults, e.g. \'{"preset": "simple", "spaced": true}\'')
+    parser.add_argument("--save", default=None, metavar="DIR",
+                        help="save the model after the last step (train.py --model DIR --pretrain-steps 0 trains from it)")
     parser.add_argument("--policy-probe", type=int, default=0, metavar="STATES",
                         help="also measure the move distribution on this many random-play states: action spread and "
                              "illegal mass beside the board-blind reference (learner.diagnostics)")
@@ -117,6 +119,8 @@ def main() -> int:
                                                              dynamics_fraction=args.dynamics, observe_fraction=args.observe),
                  seed=args.seed,
                  on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)
+    if args.save:
+        policy.save_pretrained(args.save)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0
