@@ -85,6 +85,9 @@ def test_unknown_yaml_key_and_bad_values_are_clear_errors(tmp_path: Path) -> Non
 def test_shipped_configs_load(path: Path) -> None:
     cfg = train.parse_config(["--config", str(path)])
     assert cfg.env_id.startswith("freshper/")
+    import envs
+
+    envs.make(cfg.env_id, **dict(cfg.env_kwargs or {})).close()  # the task takes the config's keyword arguments
 
 
 def test_board_tasks_in_window0_default_to_the_board_alone() -> None:
