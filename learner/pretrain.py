@@ -55,7 +55,7 @@ from learner.update import nll_per_sample, supervised_step
 logger = logging.getLogger(__name__)
 
 #: Bump when the examples or the training change, so cached pretrained models are rebuilt.
-PRETRAIN_VERSION = 1
+PRETRAIN_VERSION = 2
 MARKER = "freshper_pretrain.json"
 
 
@@ -164,6 +164,8 @@ class TransitionStreams:
             draw = self.rng.random()
             kind = ("observe" if draw < self.observe_fraction else
                     "dynamics" if draw < self.dynamics_fraction else "format")
+            if kind == "dynamics":
+                reply = _dynamics_reply(task, reply, self.rng)
             if kind == "observe":  # the state as shown -> the state in text (perception alone)
                 out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
                                    "observe"))
@@ -181,6 +183,19 @@ class TransitionStreams:
             else:
                 self._state[k] = (nxt, instructions, False)
         return out
+
+
+def _dynamics_reply(task, reply: str, rng: np.random.Generator) -> str:
+    """The move of a dynamics example: where the task's random replies leave out legal moves
+    that do nothing (:meth:`~envs.base.MultiTurnEnv.effective_actions` narrowed, e.g. Sokoban's
+    steps into a wall), a uniformly drawn legal move, so the dynamics examples also teach what
+    blocks a move; elsewhere the random reply itself (no extra draw: the stream is unchanged)."""
+    from envs.base import MultiTurnEnv
+
+    if type(task).effective_actions is MultiTurnEnv.effective_actions:
+        return reply
+    legal = list(task.legal_actions())
+    return task.format_reply(legal[int(rng.integers(len(legal)))]) if legal else reply
 
 
 def encode(policy, examples: list[Example]) -> tuple[list[Sample], list[list[np.ndarray]]]:
