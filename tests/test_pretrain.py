@@ -68,6 +68,30 @@ def test_frozenlake_dynamics_targets_are_the_next_board_or_how_it_ended() -> Non
     assert set(targets) - set(boards) <= {"<answer>hole</answer>", "<answer>goal</answer>"}
 
 
+def test_sokoban_dynamics_examples_include_blocked_moves_and_frozenlake_draws_nothing_extra() -> None:
+    """Sokoban's random replies are effective moves (test_sokoban checks them), while its
+    dynamics examples draw every legal move, so some show a blocked move leaving the board as it
+    was; FrozenLake's stream draws nothing extra (its legal moves are its effective moves)."""
+    from learner.pretrain import _dynamics_reply
+
+    kwargs = {"preset": "simple", "feedback": False, "board": "letters"}
+    streams = TransitionStreams("freshper/Sokoban-v0", kwargs, n=16, seed=0, dynamics_fraction=1.0, with_images=False)
+    try:
+        examples = [ex for _ in range(6) for ex in streams.examples()]
+    finally:
+        streams.close()
+    boards = [ex for ex in examples if ex.reply != "<answer>solved</answer>"]
+    unchanged = sum(ex.reply[len("<answer>"):-len("</answer>")] == ex.text.rsplit("Board:\n", 1)[1].split("\nMove:")[0]
+                    for ex in boards)
+    assert 0 < unchanged < len(boards)  # blocked moves leave the board as shown; the others move
+    fl = envs.make("freshper/FrozenLake-v0").unwrapped
+    fl.reset(seed=0)
+    rng = np.random.default_rng(5)
+    state = rng.bit_generator.state
+    assert _dynamics_reply(fl, "<answer>Down</answer>", rng) == "<answer>Down</answer>"
+    assert rng.bit_generator.state == state  # no draw: FrozenLake's pretraining stream is unchanged
+
+
 def test_pretraining_lowers_the_dynamics_loss_and_is_cached(tmp_path) -> None:
     cfg = PretrainConfig(steps=25, batch=16, lr=3e-3)
     path, report = pretrained_default("freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0, cache_dir=tmp_path)
