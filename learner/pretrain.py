@@ -8,10 +8,14 @@ without telling the model which action is good:
 - a **dynamics** example shows a state and a random well-formed action and asks for what it
   leads to: user = the task prompt of the state + ``"\\nMove: <action>"``, assistant =
   ``<answer>`` + :meth:`~envs.base.MultiTurnEnv.outcome_text` + ``</answer>`` (the next
-  state in the task's text notation, or how the episode ended: ``hole``/``goal`` on FrozenLake);
+  state in the task's text notation, or how the episode ended: ``hole``/``goal`` on FrozenLake).
+  Where the task's random replies leave out legal moves that do nothing
+  (:meth:`~envs.base.MultiTurnEnv.effective_actions`, e.g. Sokoban's steps into a wall), the
+  action is any legal move, so the dynamics also show what blocks a move;
 - a **format** example is the task prompt of a state and a random well-formed reply
-  (:meth:`~envs.base.MultiTurnEnv.sample_reply`), so the model learns to answer in format and
-  with no preference between actions. With ``reasoning="lookahead"`` the reply starts with
+  (:meth:`~envs.base.MultiTurnEnv.sample_reply`, a uniform *effective* action), so the model
+  learns to answer in format, with no preference between the actions that do something: to
+  imitate it, the model must read which those are. With ``reasoning="lookahead"`` the reply starts with
   what each legal action leads to (:meth:`~envs.base.MultiTurnEnv.lookahead_text`) in a think
   tag, ``<think> Left - Down F Right H Up -</think><answer>Down</answer>``, so the policy
   learns to write what lies next to it before it answers (the answer is still random). With
@@ -27,8 +31,9 @@ vision (the model sees the image, predicts the next state as text). The loss is 
 negative log-likelihood of the reply tokens.
 
 :func:`pretrained_default` builds the embedded tiny model, pretrains it on a task and caches
-the result under the model cache, keyed by everything that shapes it, so ``train.py`` pays for
-it once per task, seed and recipe.
+the result under the model cache, keyed by everything that shapes it (the recipe, the seed and
+a digest of a stretch of the task's random play), so ``train.py`` pays for it once per task,
+seed and recipe.
 """
 
 from __future__ import annotations
