@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--model", default=None, help="start from this model folder (default: the untrained embedded model)")
     parser.add_argument("--env-kwargs", type=json.loads, default=None, metavar="JSON",
-                        help='keyword arguments of the task, over the trainer\'s defaults, e.g. \'{"preset": "simple", "spaced": true}\'')
+                        help='keyword arguments of the task, over the trainer\'s defaults, e.g. \'{"preset": "simple", "board": "letters"}\'')
     parser.add_argument("--save", default=None, metavar="DIR",
                         help="save the model after the last step (train.py --model DIR --pretrain-steps 0 trains from it)")
     parser.add_argument("--policy-probe", type=int, default=0, metavar="STATES",

@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import envs  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
-from envs.base import MultiTurnEnv  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE  # noqa: E402
 
 TASKS = ["freshper/FrozenLake-v0", "freshper/Sokoban-v0", "freshper/SearchQA-v0"]
@@ -60,9 +59,9 @@ def main() -> int:
         rows.append((env_id, "random agent (sample_reply)", *play(env_id, args.episodes, lambda t, rng: t.sample_reply(rng),
                                                                     args.env_kwargs)))
         probe = envs.make(env_id, **(args.env_kwargs or {}))
-        narrowed = type(probe.unwrapped).effective_actions is not MultiTurnEnv.effective_actions
+        skips = probe.unwrapped.skips_noop_moves()
         probe.close()
-        if narrowed:  # the task's random replies skip no-op moves: every legal move beside them
+        if skips:  # the task's random replies skip no-op moves: every legal move beside them
             rows.append((env_id, "random legal move (no-ops too)", *play(
                 env_id, args.episodes, lambda t, rng: t.format_reply(t.legal_actions()[int(rng.integers(len(t.legal_actions())))]),
                 args.env_kwargs)))

@@ -247,6 +247,12 @@ class MultiTurnEnv(gym.Env[dict, str]):
         """
         return list(self.legal_actions())
 
+    @classmethod
+    def skips_noop_moves(cls) -> bool:
+        """Whether the task narrows :meth:`effective_actions` below its legal actions (so its
+        random replies leave out some legal moves)."""
+        return cls.effective_actions is not MultiTurnEnv.effective_actions
+
     def sample_reply(self, rng: np.random.Generator) -> str:
         """A random well-formed reply for the current state: a uniformly drawn effective action
         (:meth:`effective_actions`) in the task's reply format. The random agent of

@@ -195,9 +195,7 @@ def _dynamics_reply(task, reply: str, rng: np.random.Generator) -> str:
     that do nothing (:meth:`~envs.base.MultiTurnEnv.effective_actions` narrowed, e.g. Sokoban's
     steps into a wall), a uniformly drawn legal move, so the dynamics examples also teach what
     blocks a move; elsewhere the random reply itself (no extra draw: the stream is unchanged)."""
-    from envs.base import MultiTurnEnv
-
-    if type(task).effective_actions is MultiTurnEnv.effective_actions:
+    if not task.skips_noop_moves():
         return reply
     legal = list(task.legal_actions())
     return task.format_reply(legal[int(rng.integers(len(legal)))]) if legal else reply

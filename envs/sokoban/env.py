@@ -334,24 +334,37 @@ class SokobanEnv(MultiTurnEnv):
             return None, f"{shown!r} is not a move; answer with one of Up, Down, Left, Right"
         return _ACTION_INDEX[move], None
 
+    def _delta(self, action: int) -> int:
+        width = self.level.width
+        return (-width, width, -1, 1)[action]
+
+    def _blocked(self, action: int) -> str | None:
+        """What stops ``action``: ``"wall"``, ``"box"`` (a push against a wall or a second box),
+        or None when the move changes the state."""
+        delta = self._delta(action)
+        target = self._player + delta
+        if self.level.walls[target]:
+            return "wall"
+        if self._boxes[target] and (self.level.walls[target + delta] or self._boxes[target + delta]):
+            return "box"
+        return None
+
     def apply_action(self, action: int) -> tuple[float, str, bool, bool]:
         assert self.level is not None, "call reset() first"
-        width = self.level.width
-        delta = (-width, width, -1, 1)[action]
+        delta = self._delta(action)
         name = ACTIONS[action]
-        walls, goals, boxes = self.level.walls, self.level.goals, self._boxes
+        goals, boxes = self.level.goals, self._boxes
         target = self._player + delta
         on_before = int((boxes & goals).sum())
-        if walls[target]:
+        blocked = self._blocked(action)
+        if blocked == "wall":
             feedback = f"You moved {name} into a wall; nothing changed."
+        elif blocked == "box":
+            feedback = f"The box {name} of you is blocked; nothing changed."
         elif boxes[target]:
-            beyond = target + delta
-            if walls[beyond] or boxes[beyond]:
-                feedback = f"The box {name} of you is blocked; nothing changed."
-            else:
-                boxes[target], boxes[beyond] = False, True
-                self._player = target
-                feedback = f"You pushed a box {name}."
+            boxes[target], boxes[target + delta] = False, True
+            self._player = target
+            feedback = f"You pushed a box {name}."
         else:
             self._player = target
             feedback = f"You moved {name}."
@@ -414,15 +427,7 @@ class SokobanEnv(MultiTurnEnv):
         second box (every move if none does, which no valid level allows). Random replies and
         the pretraining's replies draw from these, so imitating them needs the board."""
         assert self.level is not None, "call reset() first"
-        width = self.level.width
-        walls, boxes = self.level.walls, self._boxes
-        moves = []
-        for index, delta in enumerate((-width, width, -1, 1)):
-            target = self._player + delta
-            if walls[target] or (boxes[target] and (walls[target + delta] or boxes[target + delta])):
-                continue
-            moves.append(ACTIONS[index])
-        return moves or list(ACTIONS)
+        return [name for index, name in enumerate(ACTIONS) if self._blocked(index) is None] or list(ACTIONS)
 
     @staticmethod
     def format_reply(action: str) -> str:
