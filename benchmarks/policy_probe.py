@@ -8,7 +8,7 @@ For each model (a pretrained start, a checkpoint's policy, any local model folde
 action spread across random-play states, the counterfactual shift, and the probability the
 policy puts on moves the state does not allow (``illegal_mass``) beside what a board-blind
 model fitted to the pretraining's random legal moves puts there (``blind_illegal_mass``). The
-pretraining's format replies are random *legal* moves, so its start should be well below the
+pretraining's format replies are random *effective* moves (legal moves that change the state), so its start should be well below the
 blind reference on any task it reads; a start that is not has not tied its moves to the state.
 ``--reasoning lookahead|state`` scores each answer after the state's true think text, as runs
 trained with it are evaluated.

@@ -18,6 +18,9 @@ scored in full and renormalised over the task's actions; no sampling):
   (:meth:`~envs.base.MultiTurnEnv.counterfactual_probes`: pairs of states that differ in one
   detail, e.g. FrozenLake's hole below vs to the right of the player), the mean increase of
   the probability of the action that detail favours. 0 for a policy blind to it; up to 1.
+  ``counterfactual_ci_low`` / ``_high``: its 95% interval over the pairs (normal approximation),
+  the board-reading verdict of tasks without a task-specific probe (Sokoban: a wall vs floor
+  next to the player).
 
 Prompts are built as a ``window:0`` runner builds them (instructions and the current
 observation), the setting these diagnostics are meant for. With ``reasoning="lookahead"``
@@ -150,7 +153,13 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
                                      prefixes=ahead if reasoning != "none" else None)
             col = np.array([names.index(action) for _, _, action in pairs])
             rows = np.arange(len(pairs))
-            out["counterfactual_shift"] = float(np.mean(p[2 * rows + 1, col] - p[2 * rows, col]))
+            shift = p[2 * rows + 1, col] - p[2 * rows, col]
+            out["counterfactual_shift"] = float(np.mean(shift))
+            out["counterfactual_pairs"] = float(len(shift))
+            if len(shift) >= 2:  # a 95% interval of the mean shift over the pairs (normal approximation)
+                half = 1.96 * float(np.std(shift, ddof=1)) / np.sqrt(len(shift))
+                out["counterfactual_ci_low"] = out["counterfactual_shift"] - half
+                out["counterfactual_ci_high"] = out["counterfactual_shift"] + half
         return out
     finally:
         env.close()

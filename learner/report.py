@@ -211,7 +211,8 @@ BLIND_DOWN_RIGHT, BLIND_BEST_PATH = 0.39, 0.46
 
 
 def board_reading_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
-    """Whether an improvement is more than the board-blind Down/Right habit (None, '' when no probe ran).
+    """Whether an improvement is more than the board-blind Down/Right habit (None, '' when no probe ran;
+    tasks without the safe-move probe get :func:`counterfactual_verdict`).
 
     A policy reads the board if its success clearly beats the best fixed path (CI above 0.46)
     or, on states where exactly one of Down/Right leads into a hole, it picks the safe one more
@@ -219,7 +220,7 @@ def board_reading_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
     """
     n = int(final.get("probe_down_right", 0) or 0)
     if not n or math.isnan(final.get("probe_safe_rate", float("nan"))):
-        return None, ""
+        return counterfactual_verdict(final)
     rate = final["probe_safe_rate"]
     lo, hi = wilson_interval(round(rate * n), n)
     beats_path = final["success_ci_low"] > BLIND_BEST_PATH
@@ -228,6 +229,21 @@ def board_reading_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
             f"{'above' if beats_path else 'not above'} the best fixed path {BLIND_BEST_PATH} "
             f"(random Down/Right {BLIND_DOWN_RIGHT}) - "
             + ("reads the board" if reads else "no evidence beyond the board-blind Down/Right habit"))
+
+
+def counterfactual_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
+    """The board-reading verdict of a task without a safe-move probe (None, '' without
+    counterfactual probes): on pairs of states that differ in one detail next to the player,
+    the policy reads the board if it takes the move that detail favours more often, the mean
+    shift's 95% interval above 0."""
+    lo, hi = final.get("counterfactual_ci_low"), final.get("counterfactual_ci_high")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return None, ""
+    reads = lo > 0
+    n = int(final.get("counterfactual_pairs", 0) or 0)
+    return reads, (f"board reading: counterfactual shift {final['counterfactual_shift']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+                   f"over {n} board pairs that differ next to the player (0 = blind) - "
+                   + ("reads the board" if reads else "no evidence that the move depends on the cells next to the player"))
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:

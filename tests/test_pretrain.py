@@ -170,6 +170,28 @@ def test_frozenlake_counterfactual_probes_differ_only_below_and_right_of_the_pla
         assert env.unwrapped.pos == (r, c)
 
 
+def test_sokoban_counterfactual_probes_wall_off_one_cell_next_to_the_player() -> None:
+    """State a has a wall where state b has plain floor, next to the player; the favoured move
+    does nothing in a and moves in b; nothing else differs, and the env plays the given board."""
+    env = envs.make("freshper/Sokoban-v0", preset="simple", feedback=False, board="letters")
+    probes = env.unwrapped.counterfactual_probes(np.random.default_rng(0), 24)
+    assert len(probes) == 24 and len({action for _, _, action in probes}) == 4
+    for a, b, action in probes:
+        rows_a, rows_b = a["level"].split("\n"), b["level"].split("\n")
+        diff = [(i, j) for i, (ra, rb) in enumerate(zip(rows_a, rows_b)) for j in range(max(len(ra), len(rb)))
+                if ra[j:j + 1] != rb[j:j + 1]]
+        assert len(diff) == 1 and rows_a[diff[0][0]][diff[0][1]] == "#" and rows_b[diff[0][0]][diff[0][1]] == " "
+        obs, _ = env.reset(seed=0, options=a)
+        assert action not in env.unwrapped.effective_actions() and env.unwrapped.render_text() == a["level"]
+        assert " w" in obs["text"] and "#" not in obs["text"]  # shown in the env's notation
+        env.reset(seed=0, options=b)
+        assert action in env.unwrapped.effective_actions()
+        _, _, _, _, info = env.step(env.unwrapped.format_reply(action))
+        assert "nothing changed" not in info.get("feedback", "")
+    with pytest.raises(Exception, match="XSB level as a string"):
+        env.reset(seed=0, options={"level": 3})
+
+
 def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> None:
     from agents.policy import Policy
     from agents.tiny import build_tiny_model
@@ -186,6 +208,11 @@ def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> Non
     loose = policy_diagnostics(base, "freshper/FrozenLake-v0", {"feedback": False}, states=12, probes=12)
     assert loose["action_spread"] > out["action_spread"]  # a random network's output does move with the board
     assert "<answer>" in vocab
+    # Sokoban's wall-or-floor pairs: the blind policy's shift is 0 and so is its interval
+    right = with_logit_bias(base, {t: 60.0 for t in base.encode_reply("<answer>Right</answer>")})
+    soko = policy_diagnostics(right, "freshper/Sokoban-v0", {"preset": "simple", "board": "letters"}, states=8, probes=12)
+    assert soko["counterfactual_pairs"] == 12 and abs(soko["counterfactual_shift"]) < 1e-3
+    assert soko["counterfactual_ci_low"] <= 0 <= soko["counterfactual_ci_high"]
 
 
 def test_illegal_mass_is_the_probability_of_moves_off_the_board() -> None:
@@ -381,4 +408,6 @@ def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -
     assert not np.allclose(together, action_probabilities(policy, states, replies), atol=1e-4)
     out = policy_diagnostics(policy, "freshper/FrozenLake-v0", {"feedback": False}, states=8, probes=8,
                              reasoning="lookahead")
-    assert set(out) == {"action_spread", "illegal_mass", "blind_illegal_mass", "counterfactual_shift"} and out["action_spread"] > 0
+    assert set(out) == {"action_spread", "illegal_mass", "blind_illegal_mass", "counterfactual_shift", "counterfactual_pairs",
+                        "counterfactual_ci_low", "counterfactual_ci_high"} and out["action_spread"] > 0
+    assert out["counterfactual_ci_low"] <= out["counterfactual_shift"] <= out["counterfactual_ci_high"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from learner.report import board_reading_verdict, summarize, wilson_interval
+from learner.report import board_reading_verdict, counterfactual_verdict, summarize, wilson_interval
 
 
 def _eval(success: float, n: int = 200, probe: float | None = None, probe_n: int = 0, decoding: str = "sampled") -> dict:
@@ -27,6 +27,19 @@ def test_safe_move_probe_above_chance_or_success_above_fixed_path_is_board_readi
 
 def test_no_probe_no_board_verdict() -> None:
     assert board_reading_verdict(_eval(0.5)) == (None, "")
+
+
+def test_without_a_safe_move_probe_the_counterfactual_interval_decides() -> None:
+    """Tasks without FrozenLake's probe (Sokoban): reads the board iff the counterfactual
+    shift's 95% interval is above 0; the safe-move probe keeps precedence where it ran."""
+    reading = {**_eval(0.1), "counterfactual_shift": 0.12, "counterfactual_ci_low": 0.05, "counterfactual_ci_high": 0.19,
+               "counterfactual_pairs": 32}
+    reads, text = board_reading_verdict(reading)
+    assert reads is True and "counterfactual shift +0.120 [+0.050, +0.190] over 32" in text
+    blind = {**reading, "counterfactual_shift": 0.01, "counterfactual_ci_low": -0.02}
+    assert board_reading_verdict(blind)[0] is False and "no evidence" in counterfactual_verdict(blind)[1]
+    with_probe = {**_eval(0.27, probe=0.47, probe_n=190), **{k: v for k, v in reading.items() if k.startswith("counterfactual")}}
+    assert board_reading_verdict(with_probe)[0] is False  # the safe-move probe decides where it ran
 
 
 def test_summary_separates_improvement_from_board_reading() -> None:

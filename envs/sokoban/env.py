@@ -20,7 +20,7 @@ import numpy as np
 from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
 from envs.sokoban.generator import generate_room
 from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
-from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, parse_xsb
+from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, reachable_cells, parse_xsb
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,18 @@ LOADED_LEVEL_MAX_TURNS = 120
 #: Collections with at most this many levels are parsed and checked when the env is built;
 #: larger ones are indexed and each level is parsed when first drawn.
 VALIDATE_LEVELS_UP_TO = 2_000
+
+
+def blocked_move(walls: np.ndarray, boxes: np.ndarray, player: int, delta: int) -> str | None:
+    """What stops the player at flat cell ``player`` from moving by ``delta`` cells (flat, row-major)
+    on a board of ``walls`` and ``boxes`` (bool masks): ``"wall"``, ``"box"`` (a push against a
+    wall or a second box), or None when the move changes the state."""
+    target = player + delta
+    if walls[target]:
+        return "wall"
+    if boxes[target] and (walls[target + delta] or boxes[target + delta]):
+        return "box"
+    return None
 
 
 _COLLECTIONS: dict[tuple[str, int, int], LevelCollection] = {}
@@ -102,7 +114,8 @@ class SokobanEnv(MultiTurnEnv):
     ``levels_file`` (a collection, e.g. a Boxoban file; ``reset`` draws a level from its seed, or
     ``options={"level_index": i}`` picks the ``i``-th, counting from 0; ``info["level_label"]``
     is the file's own ``; N`` number). ``preset``, ``size`` and ``num_boxes`` describe generated
-    rooms and are errors together with XSB levels.
+    rooms and are errors together with XSB levels. ``options={"level": xsb}`` plays that one
+    level in any Sokoban env (the counterfactual probes' boards).
 
     Turn limits: a preset's own; for loaded levels :func:`loaded_level_turns` of each level
     (at least 120, gym-sokoban's Boxoban limit) unless ``max_turns`` is given.
@@ -227,7 +240,14 @@ class SokobanEnv(MultiTurnEnv):
     # -- the task -----------------------------------------------------------------------
     def _reset_task(self, options: dict[str, Any] | None) -> None:
         options = options or {}
-        if self._levels is not None:
+        if options.get("level") is not None:  # one given level (e.g. a counterfactual probe's board)
+            text = options["level"]
+            if not isinstance(text, str):
+                raise LevelError(f"options['level'] must be one XSB level as a string, got {type(text).__name__}")
+            self.level, self.optimal_moves, self.level_index, self.level_label = parse_xsb(text), None, None, None
+            if self._auto_turns:
+                self.max_turns = loaded_level_turns(self.level)
+        elif self._levels is not None:
             n = len(self._levels)
             idx = options.get("level_index")
             if idx is not None:
@@ -341,13 +361,7 @@ class SokobanEnv(MultiTurnEnv):
     def _blocked(self, action: int) -> str | None:
         """What stops ``action``: ``"wall"``, ``"box"`` (a push against a wall or a second box),
         or None when the move changes the state."""
-        delta = self._delta(action)
-        target = self._player + delta
-        if self.level.walls[target]:
-            return "wall"
-        if self._boxes[target] and (self.level.walls[target + delta] or self._boxes[target + delta]):
-            return "box"
-        return None
+        return blocked_move(self.level.walls, self._boxes, self._player, self._delta(action))
 
     def apply_action(self, action: int) -> tuple[float, str, bool, bool]:
         assert self.level is not None, "call reset() first"
@@ -428,6 +442,45 @@ class SokobanEnv(MultiTurnEnv):
         the pretraining's replies draw from these, so imitating them needs the board."""
         assert self.level is not None, "call reset() first"
         return [name for index, name in enumerate(ACTIONS) if self._blocked(index) is None] or list(ACTIONS)
+
+    def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
+        """Pairs of boards that differ in one cell next to the player: a wall in state a, plain
+        floor in state b, so the move towards it does nothing in a and moves in b. A policy that
+        looks where it steps takes that move more in b (0 for a board-blind policy). Boards are
+        the task's own starting boards (generated rooms, or levels drawn from the file); a wall
+        that would cut off part of the room is not used."""
+        probes: list[tuple[dict, dict, str]] = []
+        for _ in range(20 * n):
+            if len(probes) >= n:
+                break
+            if self._levels is not None:
+                try:
+                    level = self._levels[int(rng.integers(len(self._levels)))]
+                except LevelError:
+                    continue
+            else:
+                level = generate_room(rng, self.size[0], self.size[1], self.num_boxes, self.max_solution_moves,
+                                      budget=self.search_budget).level
+            open_board = level.to_xsb()
+            for action in rng.permutation(len(ACTIONS)).tolist():
+                target = level.player + (-level.width, level.width, -1, 1)[action]
+                if level.walls[target] or level.goals[target] or target in level.boxes:
+                    continue
+                walls = level.walls.copy()
+                walls[target] = True
+                reach = reachable_cells(walls, level.height, level.width, level.player)
+                if reach is None or int(reach.sum()) != int(reachable_cells(level.walls, level.height, level.width,
+                                                                         level.player).sum()) - 1:
+                    continue  # the wall would cut the room in two: more than one detail changes
+                boxes = np.zeros(level.height * level.width, dtype=bool)
+                boxes[list(level.boxes)] = True
+                if all(blocked_move(walls, boxes, level.player, d) for d in (-level.width, level.width, -1, 1)):
+                    continue  # the player would be stuck: every move a no-op in state a
+                walled = SokobanLevel(level.height, level.width, walls, level.goals, level.boxes, level.player,
+                                      level.outside).to_xsb()
+                probes.append(({"level": walled}, {"level": open_board}, ACTIONS[action]))
+                break
+        return probes
 
     @staticmethod
     def format_reply(action: str) -> str:

@@ -106,14 +106,14 @@ def parse_xsb(text: str) -> SokobanLevel:
             f"{int(goals.sum())} goals (., *, +)"
         )
     player = int(players[0])
-    reach = _reachable(walls, height, width, player)
+    reach = reachable_cells(walls, height, width, player)
     if reach is None:
         raise LevelError("the player's area is not closed by walls (it reaches the edge of the level)")
     outside = ~walls & ~reach & np.isin(grid, list(_FLOOR_CHARS))
     return SokobanLevel(height, width, walls, goals, tuple(int(b) for b in box_cells), player, outside)
 
 
-def _reachable(walls: np.ndarray, height: int, width: int, start: int) -> np.ndarray | None:
+def reachable_cells(walls: np.ndarray, height: int, width: int, start: int) -> np.ndarray | None:
     """Cells connected to ``start`` through non-wall cells, or None if that area is open."""
     seen = np.zeros(height * width, dtype=bool)
     seen[start] = True
