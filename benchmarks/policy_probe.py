@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     kwargs = json.loads(args.env_kwargs)
-    print(f"{'model':<52} {'action spread':>13} {'illegal mass':>12} {'blind ref':>9} {'counterfactual':>14}")
+    print(f"{'model':<52} {'action spread':>13} {'illegal mass':>12} {'blind ref':>9} {'counterfactual [95% CI]':>32}")
     for folder in models:
         if not (folder / "config.json").exists():
             raise SystemExit(f"{folder}: not a model folder (no config.json)")
@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                                  reasoning=args.reasoning)
         cells = [f"{out[k]:.3f}" if k in out else "n/a" for k in ("action_spread", "illegal_mass", "blind_illegal_mass")]
         shift = f"{out['counterfactual_shift']:+.3f}" if "counterfactual_shift" in out else "n/a"
-        print(f"{folder.name:<52} {cells[0]:>13} {cells[1]:>12} {cells[2]:>9} {shift:>14}")
+        if "counterfactual_ci_low" in out:
+            shift += f" [{out['counterfactual_ci_low']:+.3f}, {out['counterfactual_ci_high']:+.3f}]"
+        name = folder.name if folder.name not in ("model", "policy") else "/".join(folder.parts[-3:])
+        print(f"{name:<52} {cells[0]:>13} {cells[1]:>12} {cells[2]:>9} {shift:>32}")
     return 0
 
 
