@@ -31,6 +31,7 @@ that of the answer given correct lookahead.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -157,7 +158,7 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
             out["counterfactual_shift"] = float(np.mean(shift))
             out["counterfactual_pairs"] = float(len(shift))
             if len(shift) >= 2:  # a 95% interval of the mean shift over the pairs (normal approximation)
-                half = 1.96 * float(np.std(shift, ddof=1)) / np.sqrt(len(shift))
+                half = 1.96 * float(np.std(shift, ddof=1)) / math.sqrt(len(shift))
                 out["counterfactual_ci_low"] = out["counterfactual_shift"] - half
                 out["counterfactual_ci_high"] = out["counterfactual_shift"] + half
         return out

@@ -239,7 +239,7 @@ def counterfactual_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
     lo, hi = final.get("counterfactual_ci_low"), final.get("counterfactual_ci_high")
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return None, ""
-    reads = lo > 0
+    reads = bool(lo > 0)
     n = int(final.get("counterfactual_pairs", 0) or 0)
     return reads, (f"board reading: counterfactual shift {final['counterfactual_shift']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
                    f"over {n} board pairs that differ next to the player (0 = blind) - "

@@ -261,7 +261,8 @@ def test_legal_actions_and_format_reply():
 
 def test_effective_actions_are_the_moves_that_change_the_state():
     """Checked against the real step on states from random play: a move is effective exactly
-    when stepping it changes the board; random replies only draw effective moves."""
+    when stepping it changes the board; random replies only draw effective moves; the
+    lookahead says move/push exactly for those, push where a box is next."""
     rng = np.random.default_rng(0)
     seen_blocked = 0
     for seed in range(30):
@@ -277,6 +278,11 @@ def test_effective_actions_are_the_moves_that_change_the_state():
                 probe.step(SokobanEnv.format_reply(move))
                 assert (probe.render_text() != before) == (move in effective), (seed, move, before)
             seen_blocked += 4 - len(effective)
+            words = dict(zip(env.lookahead_text().split()[::2], env.lookahead_text().split()[1::2]))
+            assert list(words) == list(env.legal_actions())
+            assert {m for m, w in words.items() if w in ("move", "push")} == set(effective)
+            assert all((w in ("push", "blocked")) == bool(env._boxes[env._player + env._delta(i)])
+                       for i, w in enumerate(words.values()) if w != "wall")
             reply = env.sample_reply(rng)
             assert env.describe_action(reply) in effective
             _, _, terminated, truncated, _ = env.step(reply)

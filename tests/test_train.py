@@ -266,9 +266,9 @@ def test_lookahead_reasoning_trains_end_to_end_and_is_refused_where_a_task_has_n
     assert json.loads(marker.read_text())["recipe"]["reasoning"] == "lookahead"
     train.train(tiny_config(tmp_path, run_name="look2", iterations=1, reasoning="lookahead", pretrain_steps=2,
                             pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=16, think_loss=False))
-    with pytest.raises(ValueError, match="SokobanEnv does not implement lookahead_text"):
-        train.train(tiny_config(tmp_path, run_name="sok", env_id="freshper/Sokoban-v0", reasoning="lookahead"))
-    assert not (tmp_path / "sok").exists()  # refused before the run folder was made
+    with pytest.raises(ValueError, match="SearchQAEnv does not implement lookahead_text"):
+        train.train(tiny_config(tmp_path, run_name="sqa", env_id="freshper/SearchQA-v0", reasoning="lookahead"))
+    assert not (tmp_path / "sqa").exists()  # refused before the run folder was made
 
 
 def test_state_reasoning_trains_the_image_task_end_to_end(tmp_path: Path, monkeypatch) -> None:

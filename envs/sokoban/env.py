@@ -443,6 +443,19 @@ class SokobanEnv(MultiTurnEnv):
         assert self.level is not None, "call reset() first"
         return [name for index, name in enumerate(ACTIONS) if self._blocked(index) is None] or list(ACTIONS)
 
+    def lookahead_text(self) -> str:
+        """What each move leads to, in action order: ``" Up wall Down move Left push Right
+        blocked"`` (``wall``: steps into a wall; ``blocked``: a push against a wall or a second
+        box; ``push``: pushes a box; ``move``: a step onto free floor or a goal)."""
+        assert self.level is not None, "call reset() first"
+        words = []
+        for index, name in enumerate(ACTIONS):
+            blocked = self._blocked(index)
+            word = "wall" if blocked == "wall" else "blocked" if blocked else \
+                "push" if self._boxes[self._player + self._delta(index)] else "move"
+            words.append(f" {name} {word}")
+        return "".join(words)
+
     def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
         """Pairs of boards that differ in one cell next to the player: a wall in state a, plain
         floor in state b, so the move towards it does nothing in a and moves in b. A policy that
