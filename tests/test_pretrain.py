@@ -269,8 +269,10 @@ def test_frozenlake_lookahead_names_the_cell_each_move_steps_on_and_keeps_the_an
     assert "lookahead_exact" not in type(env.unwrapped).turn_diagnostics([(board, "<answer>Up</answer>")])
     sokoban = envs.make("freshper/Sokoban-v0")
     sokoban.reset(seed=0)
-    with pytest.raises(NotImplementedError, match="--reasoning none"):
-        sokoban.unwrapped.lookahead_text()
+    from envs.base import MultiTurnEnv
+
+    with pytest.raises(NotImplementedError, match="--reasoning none"):  # the contract's default for tasks without one
+        MultiTurnEnv.lookahead_text(sokoban.unwrapped)
 
 
 def test_lookahead_format_examples_write_the_prompt_states_neighbours_before_a_random_answer() -> None:
