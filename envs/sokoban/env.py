@@ -20,7 +20,7 @@ import numpy as np
 from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
 from envs.sokoban.generator import generate_room
 from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
-from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, reachable_cells, parse_xsb
+from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, parse_xsb, reachable_cells
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ LOADED_LEVEL_MAX_TURNS = 120
 #: Collections with at most this many levels are parsed and checked when the env is built;
 #: larger ones are indexed and each level is parsed when first drawn.
 VALIDATE_LEVELS_UP_TO = 2_000
+
+
+def move_deltas(width: int) -> tuple[int, int, int, int]:
+    """The flat-index step of each move in :data:`ACTIONS` order on a board ``width`` cells wide."""
+    return (-width, width, -1, 1)
 
 
 def blocked_move(walls: np.ndarray, boxes: np.ndarray, player: int, delta: int) -> str | None:
@@ -355,8 +360,7 @@ class SokobanEnv(MultiTurnEnv):
         return _ACTION_INDEX[move], None
 
     def _delta(self, action: int) -> int:
-        width = self.level.width
-        return (-width, width, -1, 1)[action]
+        return move_deltas(self.level.width)[action]
 
     def _blocked(self, action: int) -> str | None:
         """What stops ``action``: ``"wall"``, ``"box"`` (a push against a wall or a second box),
@@ -475,19 +479,20 @@ class SokobanEnv(MultiTurnEnv):
                 level = generate_room(rng, self.size[0], self.size[1], self.num_boxes, self.max_solution_moves,
                                       budget=self.search_budget).level
             open_board = level.to_xsb()
+            deltas = move_deltas(level.width)
+            open_reach = int(reachable_cells(level.walls, level.height, level.width, level.player).sum())
+            boxes = np.zeros(level.height * level.width, dtype=bool)
+            boxes[list(level.boxes)] = True
             for action in rng.permutation(len(ACTIONS)).tolist():
-                target = level.player + (-level.width, level.width, -1, 1)[action]
-                if level.walls[target] or level.goals[target] or target in level.boxes:
+                target = level.player + deltas[action]
+                if level.walls[target] or level.goals[target] or boxes[target]:
                     continue
                 walls = level.walls.copy()
                 walls[target] = True
                 reach = reachable_cells(walls, level.height, level.width, level.player)
-                if reach is None or int(reach.sum()) != int(reachable_cells(level.walls, level.height, level.width,
-                                                                         level.player).sum()) - 1:
+                if reach is None or int(reach.sum()) != open_reach - 1:
                     continue  # the wall would cut the room in two: more than one detail changes
-                boxes = np.zeros(level.height * level.width, dtype=bool)
-                boxes[list(level.boxes)] = True
-                if all(blocked_move(walls, boxes, level.player, d) for d in (-level.width, level.width, -1, 1)):
+                if all(blocked_move(walls, boxes, level.player, d) for d in deltas):
                     continue  # the player would be stuck: every move a no-op in state a
                 walled = SokobanLevel(level.height, level.width, walls, level.goals, level.boxes, level.player,
                                       level.outside).to_xsb()
