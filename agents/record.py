@@ -283,17 +283,26 @@ def assign_group_advantages(records: Sequence[Trajectory], eps: float = 1e-6) ->
             m.advantage = float(a)
 
 
+def _prompt_key(sample: Sample) -> bytes:
+    """The ids before a sample's first sampled token: the prompt the policy answered."""
+    sampled = np.flatnonzero(sample.loss_mask)
+    return np.asarray(sample.token_ids[: sampled[0] if len(sampled) else len(sample.token_ids)], dtype=np.int64).tobytes()
+
+
 def assign_step_advantages(records: Sequence[Trajectory], gamma: float = 0.95, weight: float = 1.0,
                            eps: float = 1e-6) -> None:
     """Turn-level credit (GiGPO-style): set ``Sample.advantage`` of every turn to the episode
     advantage plus ``weight`` times a step advantage.
 
     A turn's step return is its discounted return-to-go ``sum_k gamma^k r_{t+k}``. Turns of one
-    group (the G rollouts of a task) that observed the identical state (same observation text
-    and image) form an anchor group; the step advantage is the step return normalised within
-    its anchor group, ``(R_t - mean) / (std + eps)``, and 0 for a state seen once or where all
-    step returns agree. Needs one sample per turn (``window:k`` records); failed records keep
-    their advantage of 0. Records are changed in place.
+    group (the G rollouts of a task) that saw the identical state form an anchor group; the step
+    advantage is the step return normalised within its anchor group, ``(R_t - mean) / (std +
+    eps)``, and 0 for a state seen once or where all step returns agree. The state is the
+    sample's prompt (its ids up to the first sampled one) and image in a ``window:0`` record,
+    where the prompt is the instructions and the current observation on every turn, so the
+    first turn joins later visits to its board (its observation text alone also holds the
+    instructions); in a ``window:k`` record it is the observation text and image. Needs one
+    sample per turn; failed records keep their advantage of 0. Records are changed in place.
     """
     anchors: dict[tuple, list[tuple[Sample, float]]] = {}
     for rec in records:
@@ -308,7 +317,7 @@ def assign_step_advantages(records: Sequence[Trajectory], gamma: float = 0.95, w
             to_go[j] = acc
         for turn, sample, ret in zip(rec.turns, rec.samples, to_go):
             image = rec.images[turn.image_index].tobytes() if turn.image_index is not None else b""
-            key = (rec.group_id, turn.observation, image)
+            key = (rec.group_id, _prompt_key(sample) if rec.context == "window:0" else turn.observation, image)
             anchors.setdefault(key, []).append((sample, ret))
     for rec in records:
         for sample in rec.samples:

@@ -164,6 +164,29 @@ def test_scripted_replies_are_recorded_with_zero_logprobs(text_policy):
     assert all(len({r.seed for r in g}) == 1 for g in groups.values())
 
 
+def test_a_wasted_first_move_shares_its_anchor_with_the_next_turn(text_policy):
+    """window:0: a move into a wall leaves the board as it was, so turn 1's prompt equals turn 0's
+    (whose observation text also holds the instructions) and the turn-level credit compares them."""
+    from agents.record import assign_step_advantages
+    from envs.sokoban.env import ACTIONS
+
+    def reply_fn(obs, info, env):
+        task = env.unwrapped
+        wasted = [a for a in range(4) if task._blocked(a) is not None]
+        return f"<answer>{ACTIONS[(wasted or [0])[0]]}</answer>" if info["turn"] == 0 else "<answer>Up</answer>"
+
+    runner = Runner(text_policy, "freshper/Sokoban-v0", group_size=2, context="window:0",
+                    env_kwargs={"preset": "simple", "feedback": False, "max_turns": 3})
+    records, _ = runner.collect([0], policy_version=0, reply_fn=reply_fn)
+    rec = records[0]
+    assert rec.turns[0].observation != rec.turns[1].observation  # the first holds the instructions
+    first, second = (s.token_ids[: int(np.flatnonzero(s.loss_mask)[0])] for s in rec.samples[:2])
+    assert np.array_equal(first, second)
+    assign_step_advantages(records, gamma=0.9)
+    # four visits to the start board, two return-to-go values: each gets a nonzero step advantage
+    assert all(abs(r.samples[0].advantage - r.advantage) > 0.5 for r in records)
+
+
 def test_sampling_ignores_checkpoint_generation_defaults(text_policy):
     """A checkpoint's top_k/repetition penalty must not change what the runner samples from."""
     text_policy.model.generation_config.top_k = 1

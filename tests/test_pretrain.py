@@ -118,10 +118,14 @@ def test_vision_pretraining_sees_the_image_and_predicts_the_board_text(tmp_path)
 
 
 # -- turn-level credit ---------------------------------------------------------------------------
-def _record(group: int, observations: list[str], rewards: list[float], advantage: float) -> Trajectory:
+def _record(group: int, observations: list[str], rewards: list[float], advantage: float,
+            prompts: list[list[int]] | None = None, context: str = "window:0") -> Trajectory:
+    """A record whose turn i saw ``observations[i]`` through the prompt ``prompts[i]`` (by default
+    one prompt id per distinct observation, as a window:0 prompt of that state would be)."""
     turns = [Turn(o, "<answer>Down</answer>", r, True) for o, r in zip(observations, rewards)]
-    samples = [Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5]) for _ in turns]
-    return Trajectory("x/Y-v0", 0, group, turns, samples, sum(rewards), False, 0, advantage=advantage)
+    prompts = prompts or [[100 + sum(map(ord, o))] for o in observations]
+    samples = [Sample(p + [2, 3], [0] * len(p) + [1, 1], [0.0] * len(p) + [-0.5, -0.5]) for p in prompts]
+    return Trajectory("x/Y-v0", 0, group, turns, samples, sum(rewards), False, 0, advantage=advantage, context=context)
 
 
 def test_step_advantages_normalise_return_to_go_among_identical_states_of_a_group() -> None:
@@ -135,6 +139,26 @@ def test_step_advantages_normalise_return_to_go_among_identical_states_of_a_grou
     # states seen once get only the episode advantage
     assert a.samples[1].advantage == pytest.approx(1.0) and b.samples[1].advantage == pytest.approx(-1.0)
     assert c.samples[0].advantage == pytest.approx(0.0)
+
+
+def test_a_window0_first_turn_joins_later_visits_to_its_board() -> None:
+    """Turn 0's observation text also holds the instructions; in window:0 its prompt is the same
+    as a later turn's on the same board, and the anchor is the prompt."""
+    start, moved = [7, 8, 9], [7, 8, 5]
+    a = _record(0, ["rules\n\nB0", "B0", "B1"], [-0.1, -0.1, 1.0], 0.0, prompts=[start, start, moved])  # a no-op first
+    b = _record(0, ["rules\n\nB0", "B1"], [-0.1, 1.0], 0.0, prompts=[start, moved])
+    assign_step_advantages([a, b], gamma=0.9, weight=1.0)
+    # B0 seen three times: the no-op turn 0 of a has the lowest return-to-go, so a negative step advantage
+    assert a.samples[0].advantage < 0 < b.samples[0].advantage
+    assert a.samples[0].advantage < a.samples[1].advantage
+    assert a.samples[1].advantage != pytest.approx(0.0)
+    # window:1 records (prompts hold history) anchor on the observation text: the later visit to
+    # B0 (text "B0") is not in turn 0's group ("rules\n\nB0"), so it is alone there
+    c = _record(0, ["rules\n\nB0", "B0", "B1"], [-0.1, -0.1, 1.0], 0.0, prompts=[start, start, moved], context="window:1")
+    d = _record(0, ["rules\n\nB0", "B1"], [-0.1, 1.0], 0.0, prompts=[start, moved], context="window:1")
+    assign_step_advantages([c, d], gamma=0.9, weight=1.0)
+    assert c.samples[1].advantage == pytest.approx(0.0)
+    assert c.samples[0].advantage < 0 < d.samples[0].advantage
 
 
 def test_per_sample_advantages_survive_records_on_disk_and_replay_blobs(tmp_path) -> None:
