@@ -250,6 +250,15 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
+def _task_probe(e: dict[str, Any]) -> str:
+    """The evaluation's task probe for the summary table: FrozenLake's safe-move rate, or the
+    share of moves that changed nothing (Sokoban)."""
+    safe, noop = e.get("probe_safe_rate", float("nan")), e.get("noop_rate", float("nan"))
+    if not math.isnan(safe):
+        return f"safe {safe:.2f} (n={int(e['probe_down_right'])})"
+    return f"no-op {noop:.2f}" if not math.isnan(noop) else "n/a"
+
+
 def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: float) -> dict[str, Any]:
     """The final table: success with 95% CIs at the start of RL and at the end, the task's probe
     and the policy diagnostics, and the verdicts (improvement; board reading where a probe ran)."""
@@ -258,12 +267,11 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
     for key in sorted(evals, key=lambda k: (["baseline", "final"].index(k.split("_")[0]), k)):
         e = evals[key]
         label = names[key.split("_")[0]] + f", {e.get('decoding', '')}"
-        probe = e.get("probe_safe_rate", float("nan"))
         rows.append([label, int(e["episodes_eval"]), f"{e['success']:.3f}",
                      f"[{e['success_ci_low']:.3f}, {e['success_ci_high']:.3f}]", f"{e['return_mean']:.3f}",
-                     f"{e['invalid_rate']:.3f}", "n/a" if math.isnan(probe) else f"{probe:.2f} (n={int(e['probe_down_right'])})",
+                     f"{e['invalid_rate']:.3f}", _task_probe(e),
                      _fmt(e.get("action_spread")), _fmt(e.get("counterfactual_shift"), "+.2f")])
-    table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "board probe (safe)",
+    table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "task probe",
                           "action spread", "counterfactual"], rows)
     base, final = evals.get("baseline"), evals["final"]
     verdict = "no baseline evaluation"

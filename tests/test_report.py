@@ -48,8 +48,11 @@ def test_summary_separates_improvement_from_board_reading() -> None:
                     state, 300.0)
     assert out["learned"] is True and out["reads_board"] is False
     assert "do not overlap - improved" in out["text"] and "no evidence beyond the board-blind" in out["text"]
+    assert "safe 0.47 (n=190)" in out["text"]
     flat = summarize({"baseline": _eval(0.30), "final": _eval(0.32)}, state, 300.0)
     assert flat["learned"] is False and "no clear improvement" in flat["text"]
+    soko = summarize({"baseline": {**_eval(0.03), "noop_rate": 0.41}, "final": {**_eval(0.1), "noop_rate": 0.125}}, state, 300.0)
+    assert "no-op 0.41" in soko["text"] and "no-op 0.12" in soko["text"]  # Sokoban's probe: wasted moves
 
 
 def test_an_archived_run_is_read_from_its_gzipped_metrics(tmp_path) -> None:

@@ -291,6 +291,45 @@ def test_effective_actions_are_the_moves_that_change_the_state():
     assert seen_blocked > 0  # the states include blocked moves, so the check above bites
 
 
+@pytest.mark.parametrize("board", ["xsb", "spaced", "letters"])
+def test_turn_diagnostics_count_wasted_moves_and_exact_lookaheads_from_the_text(board):
+    """The evaluation's Sokoban numbers read the board back from the observation text (with
+    feedback, any notation) and agree with the live env: the no-op rate with the moves the
+    real step did not carry out, the exact lookahead with the env's own lookahead."""
+    from envs.base import think_reply
+    from envs.sokoban.env import ACTIONS
+
+    rng = np.random.default_rng(1)
+    turns, wasted, moves, true_looks, right_looks = [], 0, 0, 0, 0
+    env = SokobanEnv(preset="simple", feedback=True, board=board)
+    for seed in range(12):
+        obs, _ = env.reset(seed=seed)
+        done = False
+        while not done:
+            move = ACTIONS[int(rng.integers(4))]
+            honest = rng.random() < 0.5
+            look = env.lookahead_text() if honest else " Up move Down move Left move Right move"
+            reply = think_reply(look, f"<answer>{move}</answer>") if seed % 3 else f"<answer>{move}</answer>"
+            if seed % 3 == 0 and rng.random() < 0.2:
+                reply = "<answer>jump</answer>"  # invalid: not a move, not counted
+            before, truth = env.render_text(), env.lookahead_text()
+            turns.append((obs["text"], reply))
+            obs, _, terminated, truncated, _ = env.step(reply)
+            if reply != "<answer>jump</answer>":
+                moves += 1
+                wasted += env.render_text() == before
+            if seed % 3:
+                true_looks += 1
+                right_looks += look == truth
+            done = terminated or truncated
+    d = SokobanEnv.turn_diagnostics(turns)
+    assert d["noop_moves"] == moves and d["noop_rate"] == pytest.approx(wasted / moves)
+    assert 0 < wasted < moves
+    assert d["lookahead_turns"] == true_looks and d["lookahead_exact"] == pytest.approx(right_looks / true_looks)
+    assert 0 < right_looks < true_looks
+    assert SokobanEnv.turn_diagnostics([("no board here", "<answer>Up</answer>")])["noop_moves"] == 0
+
+
 @pytest.mark.parametrize("board", ["spaced", "letters"])
 def test_board_notations_write_each_cell_after_a_space_in_observation_and_dynamics_target(board):
     plain = SokobanEnv(preset="simple", feedback=False)

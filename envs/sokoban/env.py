@@ -13,7 +13,7 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -76,6 +76,38 @@ def blocked_move(walls: np.ndarray, boxes: np.ndarray, player: int, delta: int) 
     if boxes[target] and (walls[target + delta] or boxes[target + delta]):
         return "box"
     return None
+
+
+def lookahead_words(walls: np.ndarray, boxes: np.ndarray, player: int, width: int) -> str:
+    """What each move in :data:`ACTIONS` order leads to: ``" Up wall Down move Left push Right
+    blocked"`` (``wall``: steps into a wall; ``blocked``: a push against a wall or a second box;
+    ``push``: pushes a box; ``move``: a step onto free floor or a goal)."""
+    words = []
+    for name, delta in zip(ACTIONS, move_deltas(width)):
+        blocked = blocked_move(walls, boxes, player, delta)
+        word = "wall" if blocked == "wall" else "blocked" if blocked else "push" if boxes[player + delta] else "move"
+        words.append(f" {name} {word}")
+    return "".join(words)
+
+
+#: A letters-notation cell -> its XSB character.
+_FROM_LETTERS = {"w": "#", "f": OBS_FLOOR, "o": ".", "b": "$", "d": "*", "p": "@", "P": "+"}
+
+
+def parse_observed_board(observation: str) -> SokobanLevel | None:
+    """The board of a text observation (the last ``Board:`` block, in any of
+    :data:`BOARD_NOTATIONS`) as a level with its boxes and player; None where there is none."""
+    head, sep, block = observation.rpartition("Board:\n")
+    if not sep:
+        return None
+    rows = block.split("\n\n", 1)[0].split("\n")
+    if all(len(r) % 2 == 0 and r[::2].strip() == "" for r in rows if r):  # one space before each cell
+        rows = [r[1::2] for r in rows]
+    rows = ["".join(_FROM_LETTERS.get(ch, ch) for ch in r) for r in rows]
+    try:
+        return parse_xsb("\n".join(rows))
+    except LevelError:
+        return None
 
 
 _COLLECTIONS: dict[tuple[str, int, int], LevelCollection] = {}
@@ -452,13 +484,39 @@ class SokobanEnv(MultiTurnEnv):
         blocked"`` (``wall``: steps into a wall; ``blocked``: a push against a wall or a second
         box; ``push``: pushes a box; ``move``: a step onto free floor or a goal)."""
         assert self.level is not None, "call reset() first"
-        words = []
-        for index, name in enumerate(ACTIONS):
-            blocked = self._blocked(index)
-            word = "wall" if blocked == "wall" else "blocked" if blocked else \
-                "push" if self._boxes[self._player + self._delta(index)] else "move"
-            words.append(f" {name} {word}")
-        return "".join(words)
+        return lookahead_words(self.level.walls, self._boxes, self._player, self.level.width)
+
+    @classmethod
+    def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
+        """Over every turn whose observation shows a board: ``noop_moves`` (valid moves played)
+        and ``noop_rate``, the share of them that changed nothing (into a wall or a blocked box;
+        0 for a policy that looks where it steps; NaN with no valid move). Where replies write a
+        lookahead (``--reasoning lookahead``), also ``lookahead_turns`` and ``lookahead_exact``:
+        how often the think tag names what all four moves lead to."""
+        moves = noops = thought = exact = 0
+        parsed: dict[str, SokobanLevel | None] = {}
+        for observation, reply in turns:
+            if observation not in parsed:
+                parsed[observation] = parse_observed_board(observation or "")
+            level = parsed[observation]
+            if level is None or not isinstance(reply, str):
+                continue
+            boxes = np.zeros(level.height * level.width, dtype=bool)
+            boxes[list(level.boxes)] = True
+            think = extract_tag(reply, "think")
+            if think is not None:
+                thought += 1
+                exact += think == lookahead_words(level.walls, boxes, level.player, level.width).strip()
+            content = extract_tag(reply)
+            move = _ACTION_INDEX.get(content.strip().strip(".!`'\"").strip().lower()) if content is not None else None
+            if move is None:
+                continue
+            moves += 1
+            noops += blocked_move(level.walls, boxes, level.player, move_deltas(level.width)[move]) is not None
+        out = {"noop_moves": float(moves), "noop_rate": noops / moves if moves else math.nan}
+        if thought:
+            out.update(lookahead_turns=float(thought), lookahead_exact=exact / thought)
+        return out
 
     def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
         """Pairs of boards that differ in one cell next to the player: a wall in state a, plain
