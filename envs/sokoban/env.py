@@ -90,6 +90,11 @@ def lookahead_words(walls: np.ndarray, boxes: np.ndarray, player: int, width: in
     return "".join(words)
 
 
+def _move_word(answer: str) -> str:
+    """An answer tag's content as the move word it names (case and trailing punctuation dropped)."""
+    return answer.strip().strip(".!`'\"").strip().lower()
+
+
 #: A letters-notation cell -> its XSB character.
 _FROM_LETTERS = {"w": "#", "f": OBS_FLOOR, "o": ".", "b": "$", "d": "*", "p": "@", "P": "+"}
 
@@ -97,7 +102,7 @@ _FROM_LETTERS = {"w": "#", "f": OBS_FLOOR, "o": ".", "b": "$", "d": "*", "p": "@
 def parse_observed_board(observation: str) -> SokobanLevel | None:
     """The board of a text observation (the last ``Board:`` block, in any of
     :data:`BOARD_NOTATIONS`) as a level with its boxes and player; None where there is none."""
-    head, sep, block = observation.rpartition("Board:\n")
+    _, sep, block = observation.rpartition("Board:\n")
     if not sep:
         return None
     rows = block.split("\n\n", 1)[0].split("\n")
@@ -385,7 +390,7 @@ class SokobanEnv(MultiTurnEnv):
         content = extract_tag(reply)
         if content is None:
             return None, "no <answer>...</answer> found; reply with one move, e.g. <answer>Up</answer>"
-        move = content.strip().strip(".!`'\"").strip().lower()
+        move = _move_word(content)
         if move not in _ACTION_INDEX:
             shown = content if len(content) <= 40 else content[:40] + "..."
             return None, f"{shown!r} is not a move; answer with one of Up, Down, Left, Right"
@@ -508,7 +513,7 @@ class SokobanEnv(MultiTurnEnv):
                 thought += 1
                 exact += think == lookahead_words(level.walls, boxes, level.player, level.width).strip()
             content = extract_tag(reply)
-            move = _ACTION_INDEX.get(content.strip().strip(".!`'\"").strip().lower()) if content is not None else None
+            move = _ACTION_INDEX.get(_move_word(content)) if content is not None else None
             if move is None:
                 continue
             moves += 1
