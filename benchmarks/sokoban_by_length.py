@@ -6,7 +6,9 @@ Reads saved evaluation records (``records.jsonl`` of a run's ``eval/<phase>`` fo
 each record's level from its task seed (the env's ``optimal_moves``: the shortest solution's
 length) and prints, per folder, the solved rate in three bands of that length, beside the task's
 own turn diagnostics (``noop_rate``: moves that changed nothing; ``lookahead_exact`` where the
-replies write one). ``--random N`` also plays the random agent (a random move that changes the
+replies write one) and how purposeful the moves that changed the state were: the share of plain
+steps that brought the player closer to the box, and of pushes that brought the box closer to
+its goal (Manhattan distances; one-box levels). ``--random N`` also plays the random agent (a random move that changes the
 state, ``sample_reply``) N times on each level of the first folder: the same levels, the
 reference any learned policy should beat.
 
@@ -28,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import envs  # noqa: E402
 from agents.record import load_records  # noqa: E402
-from envs.sokoban.env import SokobanEnv  # noqa: E402
+from envs.base import extract_tag  # noqa: E402
+from envs.sokoban.env import ACTIONS, SokobanEnv, blocked_move, move_deltas, parse_observed_board  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
 
 BANDS = ((2, 4), (5, 6), (7, 8))
@@ -53,6 +56,43 @@ class Levels:
             _, info = self.env.reset(seed=seed)
             self.moves[seed] = int(info["optimal_moves"])
         return self.moves[seed]
+
+
+def progress(turns: list[tuple[str, str]]) -> dict[str, float]:
+    """How purposeful the moves are (one box): ``towards_box``, the share of plain steps (no push)
+    that bring the player closer to the box (Manhattan distance), and ``push_to_goal``, the share
+    of pushes that bring the box closer to the goal (the random agent's shares are the reference)."""
+    steps = closer = pushes = to_goal = 0
+    for observation, reply in turns:
+        level = parse_observed_board(observation or "")
+        content = extract_tag(reply) if isinstance(reply, str) else None
+        if level is None or content is None or len(level.boxes) != 1 or content.strip().capitalize() not in ACTIONS:
+            continue
+        width = level.width
+        delta = move_deltas(width)[ACTIONS.index(content.strip().capitalize())]
+        box, player = level.boxes[0], level.player
+        boxes = np.zeros(level.height * width, dtype=bool)
+        boxes[box] = True
+        if blocked_move(level.walls, boxes, player, delta) is not None:
+            continue
+        goal = int(np.flatnonzero(level.goals)[0])
+
+        def dist(a: int, b: int) -> int:
+            return abs(a // width - b // width) + abs(a % width - b % width)
+
+        if player + delta == box:
+            pushes += 1
+            to_goal += dist(box + delta, goal) < dist(box, goal)
+        else:
+            steps += 1
+            closer += dist(player + delta, box) < dist(player, box)
+    return {"towards_box": closer / steps if steps else math.nan, "push_to_goal": to_goal / pushes if pushes else math.nan,
+            "pushes": float(pushes)}
+
+
+def _progress_text(turns: list[tuple[str, str]]) -> str:
+    p = progress(turns)
+    return f"steps towards the box {p['towards_box']:.2f}, pushes towards the goal {p['push_to_goal']:.2f} (n={int(p['pushes'])})"
 
 
 def _row(name: str, by: dict[str, list[bool]], extra: str = "") -> str:
@@ -87,22 +127,27 @@ def main(argv: list[str] | None = None) -> None:
         for rec in records:
             by[band(levels(rec.seed))].append(bool(rec.success))
         seeds = seeds or sorted({r.seed for r in records})
-        diag = SokobanEnv.turn_diagnostics([(t.observation, t.reply) for r in records for t in r.turns])
+        turns = [(t.observation, t.reply) for r in records for t in r.turns]
+        diag = SokobanEnv.turn_diagnostics(turns)
         extra = f"no-op {diag['noop_rate']:.3f}" + (f", lookahead exact {diag['lookahead_exact']:.3f}" if "lookahead_exact" in diag else "")
+        extra += f"; {_progress_text(turns)}"
         print(_row(str(folder)[-44:], by, extra))
     if args.random:
         rng = np.random.default_rng(0)
         env = envs.make("freshper/Sokoban-v0", **env_kwargs)
         by = defaultdict(list)
+        turns = []
         for seed in seeds:
             for _ in range(args.random):
-                env.reset(seed=seed)
+                obs, _ = env.reset(seed=seed)
                 done, info = False, {}
                 while not done:
-                    _, _, terminated, truncated, info = env.step(env.unwrapped.sample_reply(rng))
+                    reply = env.unwrapped.sample_reply(rng)
+                    turns.append((obs["text"], reply))
+                    obs, _, terminated, truncated, info = env.step(reply)
                     done = terminated or truncated
                 by[band(levels(seed))].append(bool(info["success"]))
-        print(_row(f"random agent, {args.random} per level", by))
+        print(_row(f"random agent, {args.random} per level", by, _progress_text(turns)))
 
 
 if __name__ == "__main__":

@@ -553,3 +553,19 @@ def test_a_large_collection_opens_fast_and_skips_a_malformed_level(tmp_path):
     assert drawn[0] == 8  # a seeded draw landing on the broken level takes the next good one
     _, info = env.reset(seed=1)
     assert info["level_label"] == str(info["level_index"])
+
+
+def test_sokoban_by_length_scores_how_purposeful_the_moves_are():
+    """benchmarks/sokoban_by_length.py's aim numbers on hand-made boards: a step towards the box
+    counts as closer, one away does not; a push towards the goal counts, a blocked move is left out."""
+    from benchmarks.sokoban_by_length import progress
+
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    far, _ = env.reset(options={"level": "#######\n#@  $.#\n#    #\n#######"})
+    near, _ = env.reset(options={"level": "#######\n#  @$.#\n#    #\n#######"})
+    turns = [(far["text"], "<answer>Right</answer>"), (far["text"], "<answer>Down</answer>"),
+             (far["text"], "<answer>Left</answer>"),  # into the wall: not a step
+             (near["text"], "<answer>Right</answer>"), (near["text"], "<answer>Left</answer>")]
+    got = progress(turns)
+    # plain steps: Right (closer), Down (farther), near-Left (farther) -> 1/3; one push, towards the goal
+    assert got["towards_box"] == pytest.approx(1 / 3) and got["push_to_goal"] == 1.0 and got["pushes"] == 1
