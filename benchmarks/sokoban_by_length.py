@@ -19,6 +19,7 @@ the overall rate says little about which levels a policy solves; the bands do.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections import defaultdict
@@ -29,10 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import envs  # noqa: E402
+from agents.evaluate import wilson_interval  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from envs.base import extract_tag  # noqa: E402
-from envs.sokoban.env import ACTIONS, SokobanEnv, blocked_move, move_deltas, parse_observed_board  # noqa: E402
-from agents.evaluate import wilson_interval  # noqa: E402
+from envs.sokoban.env import SokobanEnv, blocked_move, move_deltas, move_index, parse_observed_board  # noqa: E402
 
 BANDS = ((2, 4), (5, 6), (7, 8))
 
@@ -58,6 +59,10 @@ class Levels:
         return self.moves[seed]
 
 
+def _manhattan(a: int, b: int, width: int) -> int:
+    return abs(a // width - b // width) + abs(a % width - b % width)
+
+
 def progress(turns: list[tuple[str, str]]) -> dict[str, float]:
     """How purposeful the moves are (one box): ``towards_box``, the share of plain steps (no push)
     that bring the player closer to the box (Manhattan distance), and ``push_to_goal``, the share
@@ -65,27 +70,21 @@ def progress(turns: list[tuple[str, str]]) -> dict[str, float]:
     steps = closer = pushes = to_goal = 0
     for observation, reply in turns:
         level = parse_observed_board(observation or "")
-        content = extract_tag(reply) if isinstance(reply, str) else None
-        if level is None or content is None or len(level.boxes) != 1 or content.strip().capitalize() not in ACTIONS:
+        move = move_index(extract_tag(reply)) if isinstance(reply, str) else None
+        if level is None or move is None or level.num_boxes != 1:
             continue
         width = level.width
-        delta = move_deltas(width)[ACTIONS.index(content.strip().capitalize())]
+        delta = move_deltas(width)[move]
         box, player = level.boxes[0], level.player
-        boxes = np.zeros(level.height * width, dtype=bool)
-        boxes[box] = True
-        if blocked_move(level.walls, boxes, player, delta) is not None:
+        if blocked_move(level.walls, level.box_mask(), player, delta) is not None:
             continue
         goal = int(np.flatnonzero(level.goals)[0])
-
-        def dist(a: int, b: int) -> int:
-            return abs(a // width - b // width) + abs(a % width - b % width)
-
         if player + delta == box:
             pushes += 1
-            to_goal += dist(box + delta, goal) < dist(box, goal)
+            to_goal += _manhattan(box + delta, goal, width) < _manhattan(box, goal, width)
         else:
             steps += 1
-            closer += dist(player + delta, box) < dist(player, box)
+            closer += _manhattan(player + delta, box, width) < _manhattan(player, box, width)
     return {"towards_box": closer / steps if steps else math.nan, "push_to_goal": to_goal / pushes if pushes else math.nan,
             "pushes": float(pushes)}
 
@@ -112,8 +111,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random", type=int, default=0, help="also the random agent, N episodes per level")
     parser.add_argument("--env-kwargs", default='{"preset": "simple", "feedback": false, "board": "letters"}')
     args = parser.parse_args(argv)
-    import json
-
     env_kwargs = json.loads(args.env_kwargs)
     levels = Levels(env_kwargs)
     print(f"{'records':<44} " + " ".join(f"{f'{lo}-{hi} moves':>15}" for lo, hi in BANDS)

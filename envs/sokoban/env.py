@@ -90,9 +90,12 @@ def lookahead_words(walls: np.ndarray, boxes: np.ndarray, player: int, width: in
     return "".join(words)
 
 
-def _move_word(answer: str) -> str:
-    """An answer tag's content as the move word it names (case and trailing punctuation dropped)."""
-    return answer.strip().strip(".!`'\"").strip().lower()
+def move_index(answer: str | None) -> int | None:
+    """The index in :data:`ACTIONS` of the move an answer tag's content names (case and
+    surrounding punctuation ignored, as the env reads it); None for no answer or no move."""
+    if answer is None:
+        return None
+    return _ACTION_INDEX.get(answer.strip().strip(".!`'\"").strip().lower())
 
 
 #: A letters-notation cell -> its XSB character.
@@ -315,8 +318,7 @@ class SokobanEnv(MultiTurnEnv):
                 budget=self.search_budget,
             )
             self.level, self.optimal_moves, self.level_index = room.level, room.optimal_moves, None
-        self._boxes = np.zeros(self.level.height * self.level.width, dtype=bool)
-        self._boxes[list(self.level.boxes)] = True
+        self._boxes = self.level.box_mask()
         self._player = self.level.player
         self._empty_board = None
 
@@ -390,11 +392,11 @@ class SokobanEnv(MultiTurnEnv):
         content = extract_tag(reply)
         if content is None:
             return None, "no <answer>...</answer> found; reply with one move, e.g. <answer>Up</answer>"
-        move = _move_word(content)
-        if move not in _ACTION_INDEX:
+        move = move_index(content)
+        if move is None:
             shown = content if len(content) <= 40 else content[:40] + "..."
             return None, f"{shown!r} is not a move; answer with one of Up, Down, Left, Right"
-        return _ACTION_INDEX[move], None
+        return move, None
 
     def _delta(self, action: int) -> int:
         return move_deltas(self.level.width)[action]
@@ -506,14 +508,12 @@ class SokobanEnv(MultiTurnEnv):
             level = parsed[observation]
             if level is None or not isinstance(reply, str):
                 continue
-            boxes = np.zeros(level.height * level.width, dtype=bool)
-            boxes[list(level.boxes)] = True
+            boxes = level.box_mask()
             think = extract_tag(reply, "think")
             if think is not None:
                 thought += 1
                 exact += think == lookahead_words(level.walls, boxes, level.player, level.width).strip()
-            content = extract_tag(reply)
-            move = _ACTION_INDEX.get(_move_word(content)) if content is not None else None
+            move = move_index(extract_tag(reply))
             if move is None:
                 continue
             moves += 1
@@ -544,8 +544,7 @@ class SokobanEnv(MultiTurnEnv):
             open_board = level.to_xsb()
             deltas = move_deltas(level.width)
             open_reach = int(reachable_cells(level.walls, level.height, level.width, level.player).sum())
-            boxes = np.zeros(level.height * level.width, dtype=bool)
-            boxes[list(level.boxes)] = True
+            boxes = level.box_mask()
             for action in rng.permutation(len(ACTIONS)).tolist():
                 target = level.player + deltas[action]
                 if level.walls[target] or level.goals[target] or boxes[target]:

@@ -60,13 +60,15 @@ class SokobanLevel:
     def num_boxes(self) -> int:
         return len(self.boxes)
 
+    def box_mask(self) -> np.ndarray:
+        """The starting boxes as a bool mask (H*W,), a new array each call."""
+        mask = np.zeros(self.height * self.width, dtype=bool)
+        mask[list(self.boxes)] = True
+        return mask
+
     def to_xsb(self, boxes: np.ndarray | None = None, player: int | None = None, floor: str = " ") -> str:
         """The board (or the given box mask / player position on it) in XSB."""
-        box_mask = np.zeros(self.height * self.width, dtype=bool)
-        if boxes is None:
-            box_mask[list(self.boxes)] = True
-        else:
-            box_mask = np.asarray(boxes, dtype=bool)
+        box_mask = self.box_mask() if boxes is None else np.asarray(boxes, dtype=bool)
         player = self.player if player is None else player
         chars = np.full(self.height * self.width, floor, dtype="<U1")
         chars[self.outside] = " "
