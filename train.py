@@ -53,6 +53,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", default_omp_wait_policy())
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from envs.base import REASONINGS  # noqa: E402
 from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resume, save_checkpoint,  # noqa: E402
                                 verify_checkpoint)
 from learner.cli import dataclass_parser, replace_checked  # noqa: E402
@@ -119,7 +120,7 @@ class Config:
     pretrain_seconds: float | None = None
     """stop pretraining after this many seconds (a capped pretraining is not cached)"""
     reasoning: str = "none"
-    """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers). Needs --max-new-tokens room for it"""
+    """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead. Needs --max-new-tokens room for it"""
     think_loss: bool = True
     """train the tokens of a reply's think tag like its other sampled tokens; --no-think-loss leaves <think> ... </think> out of the RL loss (the answer alone is trained)"""
 
@@ -338,7 +339,7 @@ def validate(cfg: Config) -> None:
         (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.alpha >= 0),
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
-        (cfg.reasoning in ("none", "lookahead", "state"), f"--reasoning must be none|lookahead|state, got {cfg.reasoning!r}"),
+        (cfg.reasoning in REASONINGS, f"--reasoning must be one of {'|'.join(REASONINGS)}, got {cfg.reasoning!r}"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
         (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
          and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),

@@ -22,13 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from envs.base import REASONINGS  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", type=Path, help="model folders")
     parser.add_argument("--env-id", default="freshper/FrozenLake-v0", help="the task (default freshper/FrozenLake-v0)")
     parser.add_argument("--env-kwargs", default='{"feedback": false}', help="JSON keyword arguments of the task")
-    parser.add_argument("--reasoning", default="none", choices=("none", "lookahead", "state"))
+    parser.add_argument("--reasoning", default="none", choices=REASONINGS)
     parser.add_argument("--states", type=int, default=96, help="random-play states (default 96)")
     parser.add_argument("--probes", type=int, default=64, help="counterfactual probe pairs (default 64)")
     parser.add_argument("--threads", type=int, default=None)

@@ -32,6 +32,9 @@ what a task declares or implements         what it is for / the default
                                            ``success``/``failure``
 ``lookahead_text()``                       optional: what each legal action leads to, in a
                                            few words (the ``--reasoning lookahead`` prefix)
+``aim_text()``                             optional: where what the agent works towards lies
+                                           relative to it, in a few words (``--reasoning aim``
+                                           writes it before the lookahead)
 ``counterfactual_probes(rng, n)``          none
 ``before_batch_step(envs, replies)``       class method; nothing
 ``turn_diagnostics(turns)``                class method; ``{}``: task-specific numbers over
@@ -59,9 +62,11 @@ _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrst
 
 
 #: What a reply writes before its answer (``--reasoning``): nothing, the task's lookahead
-#: (:meth:`MultiTurnEnv.lookahead_text`), or the state itself in the task's text notation
-#: (:meth:`MultiTurnEnv.render_text`: a vision task's policy transcribes the image, then answers).
-REASONINGS = ("none", "lookahead", "state")
+#: (:meth:`MultiTurnEnv.lookahead_text`), the state itself in the task's text notation
+#: (:meth:`MultiTurnEnv.render_text`: a vision task's policy transcribes the image, then answers),
+#: or where the agent's target lies, a comma, then the lookahead (:meth:`MultiTurnEnv.aim_text`:
+#: ``" box Down goal Up, Up wall Down move Left wall Right move"``).
+REASONINGS = ("none", "lookahead", "state", "aim")
 
 
 def reasoning_text(task: Any, mode: str) -> str | None:
@@ -73,6 +78,8 @@ def reasoning_text(task: Any, mode: str) -> str | None:
         return task.lookahead_text()
     if mode == "state":
         return task.render_text()
+    if mode == "aim":
+        return task.aim_text() + "," + task.lookahead_text()
     raise ValueError(f"reasoning must be one of {REASONINGS}, got {mode!r}")
 
 
@@ -284,6 +291,16 @@ class MultiTurnEnv(gym.Env[dict, str]):
         train with ``--reasoning none``."""
         raise NotImplementedError(
             f"{type(self).__name__} does not implement lookahead_text(); train it with --reasoning none")
+
+    def aim_text(self) -> str:
+        """Where what the agent works towards lies relative to it, in a few words (Sokoban:
+        ``" box Up Left goal Down"``, the nearest box off its goal seen from the player and the
+        nearest free goal seen from that box; FrozenLake: ``" goal Down Right"``). With
+        ``--reasoning aim`` the pretraining's format replies start with it and the lookahead in
+        a think tag. Like the lookahead it describes the state, never which action is good.
+        Optional: tasks without it train with another ``--reasoning``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement aim_text(); train it with --reasoning none or lookahead")
 
     @classmethod
     def before_batch_step(cls, envs: "Sequence[MultiTurnEnv]", replies: Sequence[str]) -> None:

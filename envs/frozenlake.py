@@ -304,6 +304,12 @@ class FrozenLakeEnv(MultiTurnEnv):
         (``-`` where the move would leave the board; the letters of the board notation)."""
         return _lookahead(self.desc, self.pos)
 
+    def aim_text(self) -> str:
+        """Where the goal lies seen from the player: ``" goal Down Right"`` (the vertical word
+        first; ``--reasoning aim`` writes it before the lookahead)."""
+        (r0, c0), (r1, c1) = self.pos, next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+        return " goal" + ("" if r1 == r0 else " Up" if r1 < r0 else " Down") + ("" if c1 == c0 else " Left" if c1 < c0 else " Right")
+
     @staticmethod
     def format_reply(action: int | str) -> str:
         """The canonical reply for an action index or name, e.g. ``"<answer>Down</answer>"``."""
@@ -356,8 +362,9 @@ class FrozenLakeEnv(MultiTurnEnv):
 
         Returns ``probe_states`` (qualifying turns), ``probe_down_right`` (of those, replies of
         Down or Right) and ``probe_safe_rate`` (NaN when there were none). Where replies write a
-        lookahead (``--reasoning lookahead``), also ``lookahead_turns`` (turns on a board with a
-        think tag) and ``lookahead_exact``: how often it names all four cells right.
+        lookahead (``--reasoning lookahead`` or ``aim``), also ``lookahead_turns`` (turns on a
+        board with a think tag) and ``lookahead_exact``: how often it ends by naming all four
+        cells right.
         """
         safe = unsafe = other = thought = exact = 0
         for observation, reply in turns:
@@ -371,7 +378,8 @@ class FrozenLakeEnv(MultiTurnEnv):
             think = extract_tag(reply, "think") if isinstance(reply, str) else None
             if think is not None:
                 thought += 1
-                exact += think == _lookahead(board, (r, c)).strip()
+                ahead = _lookahead(board, (r, c)).strip()
+                exact += think == ahead or think.endswith(" " + ahead)
             if r + 1 >= len(board) or c + 1 >= len(board[0]):
                 continue
             down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"

@@ -364,6 +364,8 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     assert key != cache_key(base, "freshper/FrozenLake-v0", {}, look, 0)
     assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainConfig(reasoning="state"), 0) not in (
         key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
+    assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainConfig(reasoning="aim"), 0) not in (
+        key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
     old = dataclasses.asdict(plain)
     del old["observe_fraction"], old["reasoning"]  # the recipe as it was before either field
     import hashlib

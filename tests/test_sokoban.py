@@ -569,3 +569,54 @@ def test_sokoban_by_length_scores_how_purposeful_the_moves_are():
     got = progress(turns)
     # plain steps: Right (closer), Down (farther), near-Left (farther) -> 1/3; one push, towards the goal
     assert got["towards_box"] == pytest.approx(1 / 3) and got["push_to_goal"] == 1.0 and got["pushes"] == 1
+
+
+def test_aim_places_the_nearest_loose_box_from_the_player_and_the_nearest_free_goal_from_it():
+    """``aim_words`` describes where things are: the box nearest the player that is not on a
+    goal, then the free goal nearest that box; a box already on a goal is skipped."""
+    from envs.sokoban.env import aim_words
+
+    level = parse_xsb("#######\n#@ $  #\n#.    #\n#  *  #\n#.  $ #\n#######")
+    boxes, goals, w = level.box_mask(), level.goals, level.width
+    assert aim_words(boxes, goals, level.player, w) == " box Right goal Down Left"  # box (1,3) -> goal (2,1)
+    moved = parse_xsb("#######\n#  $  #\n#.    #\n#  *  #\n#. @$ #\n#######")
+    assert aim_words(moved.box_mask(), moved.goals, moved.player, w) == " box Right goal Left"  # (4,4), same row
+    solved = parse_xsb("#####\n#@ *#\n#####")
+    assert aim_words(solved.box_mask(), solved.goals, solved.player, solved.width) == " box none"
+
+
+def test_aim_replies_write_the_aim_then_the_lookahead_and_the_diagnostics_score_both():
+    """``--reasoning aim``: the pretraining's format replies think ``box .. goal .., <lookahead>``
+    read off the live env, and the evaluation's diagnostics score each part against the
+    board read back from the observation (a wrong aim leaves the lookahead exact)."""
+    from envs.base import reasoning_text, think_reply
+    from envs.sokoban.env import aim_words, lookahead_words
+    from learner.pretrain import TransitionStreams
+
+    streams = TransitionStreams("freshper/Sokoban-v0", {"preset": "simple", "feedback": False, "board": "letters"},
+                                n=8, seed=0, dynamics_fraction=0.5, with_images=False, reasoning="aim")
+    try:
+        formats = [ex for _ in range(4) for ex in streams.examples() if ex.kind == "format"]
+    finally:
+        streams.close()
+    from envs.sokoban.env import parse_observed_board
+    assert len(formats) > 8
+    for ex in formats:
+        think = ex.reply[len("<think>"):].split("</think>")[0]
+        level = parse_observed_board(ex.text)
+        boxes = level.box_mask()
+        assert think == (aim_words(boxes, level.goals, level.player, level.width) + ","
+                         + lookahead_words(level.walls, boxes, level.player, level.width))
+
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    turns, right_aims = [], 0
+    for seed in range(6):
+        obs, _ = env.reset(seed=seed)
+        honest = seed % 2 == 0
+        aim = env.aim_text() if honest else " box Up Up goal Up"
+        turns.append((obs["text"], think_reply(aim + "," + env.lookahead_text(), "<answer>Up</answer>")))
+        right_aims += honest
+        assert reasoning_text(env, "aim") == env.aim_text() + "," + env.lookahead_text()
+    d = SokobanEnv.turn_diagnostics(turns)
+    assert d["aim_turns"] == 6 and d["aim_exact"] == pytest.approx(right_aims / 6)
+    assert d["lookahead_turns"] == 6 and d["lookahead_exact"] == 1.0

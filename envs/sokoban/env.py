@@ -90,6 +90,28 @@ def lookahead_words(walls: np.ndarray, boxes: np.ndarray, player: int, width: in
     return "".join(words)
 
 
+def _direction(src: int, dst: int, width: int) -> str:
+    """Where flat cell ``dst`` lies seen from ``src``: ``" Up Left"``, ``" Down"``, ... (the
+    vertical word first; empty for the same cell)."""
+    (r0, c0), (r1, c1) = divmod(src, width), divmod(dst, width)
+    return ("" if r1 == r0 else " Up" if r1 < r0 else " Down") + ("" if c1 == c0 else " Left" if c1 < c0 else " Right")
+
+
+def aim_words(boxes: np.ndarray, goals: np.ndarray, player: int, width: int) -> str:
+    """Where the work lies: ``" box Up Left goal Down"``, the nearest box off a goal seen from
+    the player (Manhattan distance, the first in row-major order on a tie), then the nearest
+    free goal seen from that box. ``" box none"`` once every box is on a goal."""
+    def nearest(cells: np.ndarray, origin: int) -> int:
+        r0, c0 = divmod(origin, width)
+        return int(min(cells, key=lambda cell: abs(cell // width - r0) + abs(cell % width - c0)))
+
+    loose, free = np.flatnonzero(boxes & ~goals), np.flatnonzero(goals & ~boxes)
+    if not len(loose) or not len(free):
+        return " box none"
+    box = nearest(loose, player)
+    return f" box{_direction(player, box, width)} goal{_direction(box, nearest(free, box), width)}"
+
+
 def move_index(answer: str | None) -> int | None:
     """The index in :data:`ACTIONS` of the move an answer tag's content names (case and
     surrounding punctuation ignored, as the env reads it); None for no answer or no move."""
@@ -493,14 +515,24 @@ class SokobanEnv(MultiTurnEnv):
         assert self.level is not None, "call reset() first"
         return lookahead_words(self.level.walls, self._boxes, self._player, self.level.width)
 
+    def aim_text(self) -> str:
+        """Where the work lies: ``" box Up Left goal Down"``, the nearest box off a goal seen
+        from the player, then the nearest free goal seen from that box (:func:`aim_words`). It
+        says where things are, not which move is good: reaching the box's far side and pushing
+        is left to the policy."""
+        assert self.level is not None, "call reset() first"
+        return aim_words(self._boxes, self.level.goals, self._player, self.level.width)
+
     @classmethod
     def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
         """Over every turn whose observation shows a board: ``noop_moves`` (valid moves played)
         and ``noop_rate``, the share of them that changed nothing (into a wall or a blocked box;
         0 for a policy that looks where it steps; NaN with no valid move). Where replies write a
-        lookahead (``--reasoning lookahead``), also ``lookahead_turns`` and ``lookahead_exact``:
-        how often the think tag names what all four moves lead to."""
-        moves = noops = thought = exact = 0
+        lookahead (``--reasoning lookahead`` or ``aim``), also ``lookahead_turns`` and
+        ``lookahead_exact``: how often the think tag ends by naming what all four moves lead to;
+        where they write the aim first (``--reasoning aim``), also ``aim_turns`` and
+        ``aim_exact``: how often the think tag's opening words place the box and goal right."""
+        moves = noops = thought = exact = aimed = aim_exact = 0
         parsed: dict[str, SokobanLevel | None] = {}
         for observation, reply in turns:
             if observation not in parsed:
@@ -512,7 +544,12 @@ class SokobanEnv(MultiTurnEnv):
             think = extract_tag(reply, "think")
             if think is not None:
                 thought += 1
-                exact += think == lookahead_words(level.walls, boxes, level.player, level.width).strip()
+                ahead = lookahead_words(level.walls, boxes, level.player, level.width).strip()
+                exact += think == ahead or think.endswith(" " + ahead)
+                if think.startswith("box"):
+                    aimed += 1
+                    aim = aim_words(boxes, level.goals, level.player, level.width).strip()
+                    aim_exact += think.startswith(aim + ",")
             move = move_index(extract_tag(reply))
             if move is None:
                 continue
@@ -521,6 +558,8 @@ class SokobanEnv(MultiTurnEnv):
         out = {"noop_moves": float(moves), "noop_rate": noops / moves if moves else math.nan}
         if thought:
             out.update(lookahead_turns=float(thought), lookahead_exact=exact / thought)
+        if aimed:
+            out.update(aim_turns=float(aimed), aim_exact=aim_exact / aimed)
         return out
 
     def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
