@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         seeds = seeds or sorted({r.seed for r in records})
         turns = [(t.observation, t.reply) for r in records for t in r.turns]
         diag = SokobanEnv.turn_diagnostics(turns)
-        extra = f"no-op {diag['noop_rate']:.3f}" + (f", lookahead exact {diag['lookahead_exact']:.3f}" if "lookahead_exact" in diag else "")
+        extra = f"no-op {diag['noop_rate']:.3f}" + (f", lookahead exact {diag['lookahead_exact']:.3f}" if "lookahead_exact" in diag else "") + (
+            f", aim exact {diag['aim_exact']:.3f}" if "aim_exact" in diag else "")
         extra += f"; {_progress_text(turns)}"
         print(_row(str(folder)[-44:], by, extra))
     if args.random:
