@@ -10,7 +10,8 @@ replies write one) and how purposeful the moves that changed the state were: the
 steps that brought the player closer to the box, and of pushes that brought the box closer to
 its goal (Manhattan distances; one-box levels). ``--random N`` also plays the random agent (a random move that changes the
 state, ``sample_reply``) N times on each level of the first folder: the same levels, the
-reference any learned policy should beat.
+reference any learned policy should beat. ``--by-purpose`` also splits each folder's solved
+rate by how purposeful an episode's steps were (does the reward favour stepping towards the box?).
 
 With 10 moves allowed, a level that needs 7-8 leaves room for two or three wasted moves, so
 the overall rate says little about which levels a policy solves; the bands do.
@@ -89,6 +90,20 @@ def progress(turns: list[tuple[str, str]]) -> dict[str, float]:
             "pushes": float(pushes)}
 
 
+def solved_by_purpose(episodes: list[tuple[list[tuple[str, str]], bool]]) -> dict[str, tuple[float, int]]:
+    """Whether the reward favours purposeful moves: the solved rate (and count) of the episodes
+    whose plain steps go towards the box at least three times in four (``purposeful``), and of
+    those where under half do (``aimless``); episodes without a plain step count in neither."""
+    groups: dict[str, list[bool]] = {"purposeful": [], "aimless": []}
+    for turns, success in episodes:
+        share = progress(turns)["towards_box"]
+        if share >= 0.75:
+            groups["purposeful"].append(success)
+        elif share < 0.5:
+            groups["aimless"].append(success)
+    return {k: (float(np.mean(v)) if v else math.nan, len(v)) for k, v in groups.items()}
+
+
 def _progress_text(turns: list[tuple[str, str]]) -> str:
     p = progress(turns)
     return f"steps towards the box {p['towards_box']:.2f}, pushes towards the goal {p['push_to_goal']:.2f} (n={int(p['pushes'])})"
@@ -109,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="eval/<phase> folders of Sokoban runs")
     parser.add_argument("--random", type=int, default=0, help="also the random agent, N episodes per level")
+    parser.add_argument("--by-purpose", action="store_true",
+                        help="also the solved rate of episodes whose steps go towards the box >= 3/4 of the time, and < 1/2")
     parser.add_argument("--env-kwargs", default='{"preset": "simple", "feedback": false, "board": "letters"}')
     args = parser.parse_args(argv)
     env_kwargs = json.loads(args.env_kwargs)
@@ -130,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
             f", aim exact {diag['aim_exact']:.3f}" if "aim_exact" in diag else "")
         extra += f"; {_progress_text(turns)}"
         print(_row(str(folder)[-44:], by, extra))
+        if args.by_purpose:
+            split = solved_by_purpose([([(t.observation, t.reply) for t in r.turns], bool(r.success)) for r in records])
+            print(f"{'':<44} solved: steps towards the box >= 3/4 {split['purposeful'][0]:.3f} (n={split['purposeful'][1]}),"
+                  f" < 1/2 {split['aimless'][0]:.3f} (n={split['aimless'][1]})")
     if args.random:
         rng = np.random.default_rng(0)
         env = envs.make("freshper/Sokoban-v0", **env_kwargs)

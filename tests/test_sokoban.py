@@ -571,6 +571,20 @@ def test_sokoban_by_length_scores_how_purposeful_the_moves_are():
     assert got["towards_box"] == pytest.approx(1 / 3) and got["push_to_goal"] == 1.0 and got["pushes"] == 1
 
 
+def test_sokoban_by_length_splits_the_solved_rate_by_how_purposeful_the_steps_were():
+    """``--by-purpose``: an episode counts as purposeful when >= 3/4 of its plain steps go towards
+    the box, aimless when < 1/2; one between, or without a plain step, counts in neither."""
+    from benchmarks.sokoban_by_length import solved_by_purpose
+
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    far, _ = env.reset(options={"level": "#######\n#@  $.#\n#    #\n#######"})
+    towards, away = (far["text"], "<answer>Right</answer>"), (far["text"], "<answer>Down</answer>")
+    episodes = [([towards, towards], True), ([towards, towards, towards, away], False), ([away, away], False),
+                ([towards, away], True), ([(far["text"], "<answer>Left</answer>")], True)]  # 1/2; into the wall only
+    got = solved_by_purpose(episodes)
+    assert got["purposeful"] == (0.5, 2) and got["aimless"] == (0.0, 1)
+
+
 def test_aim_places_the_nearest_loose_box_from_the_player_and_the_nearest_free_goal_from_it():
     """``aim_words`` describes where things are: the box nearest the player that is not on a
     goal, then the free goal nearest that box; a box already on a goal is skipped."""
