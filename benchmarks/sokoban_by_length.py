@@ -10,7 +10,10 @@ replies write one) and how purposeful the moves that changed the state were: the
 steps that brought the player closer to the box, and of pushes that brought the box closer to
 its goal (Manhattan distances; one-box levels). ``--random N`` also plays the random agent (a random move that changes the
 state, ``sample_reply``) N times on each level of the first folder: the same levels, the
-reference any learned policy should beat. ``--by-purpose`` also splits each folder's solved
+reference any learned policy should beat. ``--scripted N`` plays two scripted agents the same way
+(``scripted_move``): one that follows the aim's words (what using them is worth) and one that
+walks to the cell behind the box before pushing (what knowing where to stand adds).
+``--by-purpose`` also splits each folder's solved
 rate by how purposeful an episode's steps were (does the reward favour stepping towards the box?).
 
 With 10 moves allowed, a level that needs 7-8 leaves room for two or three wasted moves, so
@@ -34,7 +37,8 @@ import envs  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from envs.base import extract_tag  # noqa: E402
-from envs.sokoban.env import SokobanEnv, blocked_move, move_deltas, move_index, parse_observed_board  # noqa: E402
+from envs.sokoban.env import (ACTIONS, SokobanEnv, aim_words, blocked_move, lookahead_words, move_deltas,  # noqa: E402
+                              move_index, parse_observed_board)  # noqa: E402
 
 BANDS = ((2, 4), (5, 6), (7, 8))
 
@@ -104,6 +108,38 @@ def solved_by_purpose(episodes: list[tuple[list[tuple[str, str]], bool]]) -> dic
     return {k: (float(np.mean(v)) if v else math.nan, len(v)) for k, v in groups.items()}
 
 
+def scripted_move(observation: str, kind: str, rng: np.random.Generator) -> str:
+    """A scripted agent's move, read off the observed board (one box). Both push a box when the
+    push brings it closer to its goal; otherwise ``aim`` takes a plain step named in the aim's
+    ``box`` words (:func:`aim_words`: towards the box), ``spot`` a plain step that brings the
+    player closer to a push spot (the cell behind the box, opposite a direction of its goal);
+    else a random state-changing move. Neither plans a path around walls. ``aim`` is what the
+    words ``--reasoning aim`` writes are worth when followed; ``spot`` shows what knowing where
+    to stand adds."""
+    level = parse_observed_board(observation)
+    if level is None or level.num_boxes != 1:
+        raise ValueError("scripted_move needs a one-box Sokoban board")
+    width, boxes, player = level.width, level.box_mask(), level.player
+    box, goal = level.boxes[0], int(np.flatnonzero(level.goals)[0])
+    names = dict(zip(ACTIONS, move_deltas(width)))
+    said = lookahead_words(level.walls, boxes, player, width).split()
+    verdict = dict(zip(said[0::2], said[1::2]))
+    moves = [m for m in ACTIONS if verdict[m] in ("move", "push")]
+    pushes = [m for m in moves if verdict[m] == "push" and _manhattan(box + names[m], goal, width) < _manhattan(box, goal, width)]
+    steps = [m for m in moves if verdict[m] == "move"]
+    words = aim_words(boxes, level.goals, player, width).split()  # box <dirs> goal <dirs>, one box
+    box_words, goal_words = (words[1:words.index("goal")], words[words.index("goal") + 1:]) if "goal" in words else ([], [])
+    if kind == "aim":
+        towards = [m for m in steps if m in box_words]
+    elif kind == "spot":
+        spots = [box - names[d] for d in goal_words]
+        near = min(_manhattan(player, c, width) for c in spots)
+        towards = [m for m in steps if min(_manhattan(player + names[m], c, width) for c in spots) < near]
+    else:
+        raise ValueError(f"kind must be aim or spot, got {kind!r}")
+    return str(rng.choice(pushes or towards or moves))
+
+
 def _progress_text(turns: list[tuple[str, str]]) -> str:
     p = progress(turns)
     return f"steps towards the box {p['towards_box']:.2f}, pushes towards the goal {p['push_to_goal']:.2f} (n={int(p['pushes'])})"
@@ -124,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="eval/<phase> folders of Sokoban runs")
     parser.add_argument("--random", type=int, default=0, help="also the random agent, N episodes per level")
+    parser.add_argument("--scripted", type=int, default=0,
+                        help="also the two scripted agents of scripted_move (aim, spot), N episodes per level each")
     parser.add_argument("--by-purpose", action="store_true",
                         help="also the solved rate of episodes whose steps go towards the box >= 3/4 of the time, and < 1/2")
     parser.add_argument("--env-kwargs", default='{"preset": "simple", "feedback": false, "board": "letters"}')
@@ -167,6 +205,22 @@ def main(argv: list[str] | None = None) -> None:
                     done = terminated or truncated
                 by[band(levels(seed))].append(bool(info["success"]))
         print(_row(f"random agent, {args.random} per level", by, _progress_text(turns)))
+    for kind in ("aim", "spot") if args.scripted else ():
+        rng = np.random.default_rng(0)
+        env = envs.make("freshper/Sokoban-v0", **env_kwargs)
+        by = defaultdict(list)
+        turns = []
+        for seed in seeds:
+            for _ in range(args.scripted):
+                obs, _ = env.reset(seed=seed)
+                done, info = False, {}
+                while not done:
+                    reply = SokobanEnv.format_reply(scripted_move(obs["text"], kind, rng))
+                    turns.append((obs["text"], reply))
+                    obs, _, terminated, truncated, info = env.step(reply)
+                    done = terminated or truncated
+                by[band(levels(seed))].append(bool(info["success"]))
+        print(_row(f"scripted {kind}, {args.scripted} per level", by, _progress_text(turns)))
 
 
 if __name__ == "__main__":

@@ -585,6 +585,24 @@ def test_sokoban_by_length_splits_the_solved_rate_by_how_purposeful_the_steps_we
     assert got["purposeful"] == (0.5, 2) and got["aimless"] == (0.0, 1)
 
 
+def test_scripted_agents_push_towards_the_goal_and_walk_to_the_box_or_behind_it():
+    """sokoban_by_length.py's scripted agents on hand-made boards: both push when the push brings
+    the box closer to its goal; ``aim`` steps as its box words say, ``spot`` towards the cell
+    behind the box, even where the aim's direction is a blocked push."""
+    from benchmarks.sokoban_by_length import scripted_move
+
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    rng = np.random.default_rng(0)
+    far, _ = env.reset(options={"level": "#######\n#@  $.#\n#    #\n#######"})
+    assert scripted_move(far["text"], "aim", rng) == "Right" and scripted_move(far["text"], "spot", rng) == "Right"
+    behind, _ = env.reset(options={"level": "#######\n#  @$.#\n#    #\n#######"})
+    assert scripted_move(behind["text"], "aim", rng) == "Right" and scripted_move(behind["text"], "spot", rng) == "Right"
+    below, _ = env.reset(options={"level": "#######\n#   $.#\n#   @ #\n#######"})  # Up is a push into the wall
+    assert {scripted_move(below["text"], "spot", rng) for _ in range(10)} == {"Left"}
+    with pytest.raises(ValueError, match="aim or spot"):
+        scripted_move(far["text"], "plan", rng)
+
+
 def test_aim_places_the_nearest_loose_box_from_the_player_and_the_nearest_free_goal_from_it():
     """``aim_words`` describes where things are: the box nearest the player that is not on a
     goal, then the free goal nearest that box; a box already on a goal is skipped."""
