@@ -127,8 +127,8 @@ def scripted_move(observation: str, kind: str, rng: np.random.Generator) -> str:
     moves = [m for m in ACTIONS if verdict[m] in ("move", "push")]
     pushes = [m for m in moves if verdict[m] == "push" and _manhattan(box + names[m], goal, width) < _manhattan(box, goal, width)]
     steps = [m for m in moves if verdict[m] == "move"]
-    words = aim_words(boxes, level.goals, player, width).split()  # box <dirs> goal <dirs>, one box
-    box_words, goal_words = (words[1:words.index("goal")], words[words.index("goal") + 1:]) if "goal" in words else ([], [])
+    box_part, _, goal_part = aim_words(boxes, level.goals, player, width).partition(" goal")  # " box <dirs>", " <dirs>"
+    box_words, goal_words = box_part.split()[1:], goal_part.split()
     if kind == "aim":
         towards = [m for m in steps if m in box_words]
     elif kind == "spot":
@@ -154,6 +154,28 @@ def _row(name: str, by: dict[str, list[bool]], extra: str = "") -> str:
     lo, hi = wilson_interval(sum(every), len(every)) if every else (math.nan, math.nan)
     overall = f"{np.mean(every):.3f} [{lo:.3f}, {hi:.3f}]" if every else "n/a"
     return f"{name:<44} " + " ".join(f"{c:>15}" for c in cells) + f" {overall:>22} {extra}"
+
+
+def play(env_kwargs: dict, seeds: list[int], episodes: int, reply,
+         levels: Levels) -> tuple[dict[str, list[bool]], list[tuple[str, str]]]:
+    """Play ``episodes`` episodes on each level seed, ``reply(env, observation_text, rng)``
+    choosing every reply (one generator seeded 0 per agent); return the solved flags by band of
+    the level's length and every (observation, reply) turn."""
+    rng = np.random.default_rng(0)
+    env = envs.make("freshper/Sokoban-v0", **env_kwargs)
+    by: dict[str, list[bool]] = defaultdict(list)
+    turns: list[tuple[str, str]] = []
+    for seed in seeds:
+        for _ in range(episodes):
+            obs, _ = env.reset(seed=seed)
+            done, info = False, {}
+            while not done:
+                text = reply(env.unwrapped, obs["text"], rng)
+                turns.append((obs["text"], text))
+                obs, _, terminated, truncated, info = env.step(text)
+                done = terminated or truncated
+            by[band(levels(seed))].append(bool(info["success"]))
+    return by, turns
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,39 +211,14 @@ def main(argv: list[str] | None = None) -> None:
             split = solved_by_purpose([([(t.observation, t.reply) for t in r.turns], bool(r.success)) for r in records])
             print(f"{'':<44} solved: steps towards the box >= 3/4 {split['purposeful'][0]:.3f} (n={split['purposeful'][1]}),"
                   f" < 1/2 {split['aimless'][0]:.3f} (n={split['aimless'][1]})")
-    if args.random:
-        rng = np.random.default_rng(0)
-        env = envs.make("freshper/Sokoban-v0", **env_kwargs)
-        by = defaultdict(list)
-        turns = []
-        for seed in seeds:
-            for _ in range(args.random):
-                obs, _ = env.reset(seed=seed)
-                done, info = False, {}
-                while not done:
-                    reply = env.unwrapped.sample_reply(rng)
-                    turns.append((obs["text"], reply))
-                    obs, _, terminated, truncated, info = env.step(reply)
-                    done = terminated or truncated
-                by[band(levels(seed))].append(bool(info["success"]))
-        print(_row(f"random agent, {args.random} per level", by, _progress_text(turns)))
-    for kind in ("aim", "spot") if args.scripted else ():
-        rng = np.random.default_rng(0)
-        env = envs.make("freshper/Sokoban-v0", **env_kwargs)
-        by = defaultdict(list)
-        turns = []
-        for seed in seeds:
-            for _ in range(args.scripted):
-                obs, _ = env.reset(seed=seed)
-                done, info = False, {}
-                while not done:
-                    reply = SokobanEnv.format_reply(scripted_move(obs["text"], kind, rng))
-                    turns.append((obs["text"], reply))
-                    obs, _, terminated, truncated, info = env.step(reply)
-                    done = terminated or truncated
-                by[band(levels(seed))].append(bool(info["success"]))
-        print(_row(f"scripted {kind}, {args.scripted} per level", by, _progress_text(turns)))
-
+    agents = [(f"random agent, {args.random} per level", args.random, lambda env, text, rng: env.sample_reply(rng))]
+    agents += [(f"scripted {kind}, {args.scripted} per level", args.scripted,
+                lambda env, text, rng, kind=kind: SokobanEnv.format_reply(scripted_move(text, kind, rng)))
+               for kind in ("aim", "spot")]
+    for name, episodes, reply in agents:
+        if episodes:
+            by, turns = play(env_kwargs, seeds, episodes, reply, levels)
+            print(_row(name, by, _progress_text(turns)))
 
 if __name__ == "__main__":
     main()

@@ -83,6 +83,19 @@ def reasoning_text(task: Any, mode: str) -> str | None:
     raise ValueError(f"reasoning must be one of {REASONINGS}, got {mode!r}")
 
 
+def direction_words(src: tuple[int, int], dst: tuple[int, int]) -> str:
+    """Where grid cell ``dst`` (row, column) lies seen from ``src``: ``" Up Left"``, ``" Down"``,
+    ... (the vertical word first; empty for the same cell): the words of the tasks' ``aim_text``."""
+    (r0, c0), (r1, c1) = src, dst
+    return ("" if r1 == r0 else " Up" if r1 < r0 else " Down") + ("" if c1 == c0 else " Left" if c1 < c0 else " Right")
+
+
+def states_lookahead(think: str, lookahead: str) -> bool:
+    """Whether a think tag's content is ``lookahead`` (stripped) or ends with it, as it does
+    after the aim (``--reasoning aim``): the turn diagnostics' ``lookahead_exact``."""
+    return think == lookahead or think.endswith(" " + lookahead)
+
+
 def think_reply(lookahead: str, reply: str) -> str:
     """``reply`` with ``lookahead`` before it in a think tag: ``<think>...</think><answer>...``.
     Parsing reads the last complete answer tag, so the env executes the same action."""

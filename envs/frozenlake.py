@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, direction_words, extract_tag, states_lookahead
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 LEFT, DOWN, RIGHT, UP = range(4)
@@ -307,8 +307,8 @@ class FrozenLakeEnv(MultiTurnEnv):
     def aim_text(self) -> str:
         """Where the goal lies seen from the player: ``" goal Down Right"`` (the vertical word
         first; ``--reasoning aim`` writes it before the lookahead)."""
-        (r0, c0), (r1, c1) = self.pos, next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
-        return " goal" + ("" if r1 == r0 else " Up" if r1 < r0 else " Down") + ("" if c1 == c0 else " Left" if c1 < c0 else " Right")
+        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+        return " goal" + direction_words(self.pos, goal)
 
     @staticmethod
     def format_reply(action: int | str) -> str:
@@ -378,8 +378,7 @@ class FrozenLakeEnv(MultiTurnEnv):
             think = extract_tag(reply, "think") if isinstance(reply, str) else None
             if think is not None:
                 thought += 1
-                ahead = _lookahead(board, (r, c)).strip()
-                exact += think == ahead or think.endswith(" " + ahead)
+                exact += states_lookahead(think, _lookahead(board, (r, c)).strip())
             if r + 1 >= len(board) or c + 1 >= len(board[0]):
                 continue
             down_hole, right_hole = board[r + 1][c] == "H", board[r][c + 1] == "H"

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, direction_words, extract_tag, states_lookahead
 from envs.sokoban.generator import generate_room
 from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
 from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, parse_xsb, reachable_cells
@@ -90,13 +90,6 @@ def lookahead_words(walls: np.ndarray, boxes: np.ndarray, player: int, width: in
     return "".join(words)
 
 
-def _direction(src: int, dst: int, width: int) -> str:
-    """Where flat cell ``dst`` lies seen from ``src``: ``" Up Left"``, ``" Down"``, ... (the
-    vertical word first; empty for the same cell)."""
-    (r0, c0), (r1, c1) = divmod(src, width), divmod(dst, width)
-    return ("" if r1 == r0 else " Up" if r1 < r0 else " Down") + ("" if c1 == c0 else " Left" if c1 < c0 else " Right")
-
-
 def aim_words(boxes: np.ndarray, goals: np.ndarray, player: int, width: int) -> str:
     """Where the work lies: ``" box Up Left goal Down"``, the nearest box off a goal seen from
     the player (Manhattan distance, the first in row-major order on a tie), then the nearest
@@ -109,7 +102,8 @@ def aim_words(boxes: np.ndarray, goals: np.ndarray, player: int, width: int) -> 
     if not len(loose) or not len(free):
         return " box none"
     box = nearest(loose, player)
-    return f" box{_direction(player, box, width)} goal{_direction(box, nearest(free, box), width)}"
+    player_rc, box_rc, goal_rc = (divmod(cell, width) for cell in (player, box, nearest(free, box)))
+    return f" box{direction_words(player_rc, box_rc)} goal{direction_words(box_rc, goal_rc)}"
 
 
 def move_index(answer: str | None) -> int | None:
@@ -544,8 +538,7 @@ class SokobanEnv(MultiTurnEnv):
             think = extract_tag(reply, "think")
             if think is not None:
                 thought += 1
-                ahead = lookahead_words(level.walls, boxes, level.player, level.width).strip()
-                exact += think == ahead or think.endswith(" " + ahead)
+                exact += states_lookahead(think, lookahead_words(level.walls, boxes, level.player, level.width).strip())
                 if think.startswith("box"):
                     aimed += 1
                     aim = aim_words(boxes, level.goals, level.player, level.width).strip()
