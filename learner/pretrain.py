@@ -80,8 +80,9 @@ class PretrainConfig:
     """share of observation examples (the state shown -> the state in the task's text notation),
     taken from the dynamics share: pure perception, useful where the state is an image"""
     reasoning: str = "none"
-    """``"lookahead"`` / ``"state"``: format replies start with the task's lookahead / the state
-    in its text notation, in a think tag (see the module docstring); ``"none"``: the bare reply"""
+    """``"lookahead"`` / ``"state"`` / ``"aim"``: format replies start with the task's lookahead /
+    the state in its text notation / its aim and then the lookahead, in a think tag (see the
+    module docstring); ``"none"``: the bare reply"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     seconds: float | None = None
