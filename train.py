@@ -159,6 +159,9 @@ class Config:
     """Adam learning rate of the RL phase"""
     lr_warmup_steps: int = 0
     """linear learning-rate warm-up over this many optimizer steps"""
+    lr_decay: str = "none"
+    """none|linear|cosine: lower the RL learning rate towards 0 over the run's iterations (iteration i of N
+    uses lr x (1 - i/N), or lr x (1 + cos(pi i/N)) / 2); needs an iteration count, not a time budget alone"""
     adam_beta1: float = 0.9
     """Adam's first-moment (momentum) decay of the RL phase; 0: no momentum, each step follows its own batch's gradient"""
     adam_beta2: float = 0.999
@@ -249,7 +252,7 @@ class Config:
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
                     "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
-                    "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "runs_root", "run_name")
+                    "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
 
 
 # -- config: CLI and YAML (the generic part is learner/cli.py) ---------------------------------
@@ -289,6 +292,10 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
             raise ValueError(f"cannot change {flags} when resuming {ckpt}: the run was trained with the saved "
                              "values; start a new run (--run-name) to train with other ones")
         cfg = config_from_dict({k: v for k, v in given.items() if k not in LOCKED_ON_RESUME}, saved)
+        if saved.lr_decay != "none" and planned_iterations(cfg) != planned_iterations(saved):
+            raise ValueError(f"cannot change the iterations ({planned_iterations(saved)} -> {planned_iterations(cfg)}) "
+                             f"when resuming {ckpt}: its --lr-decay {saved.lr_decay} runs over them; resume with the "
+                             "same --iterations, or start a new run")
     validate(cfg)
     return cfg
 
@@ -301,6 +308,9 @@ def validate(cfg: Config) -> None:
         (cfg.priority in ("return", "advantage"), f"--priority must be return|advantage, got {cfg.priority!r}"),
         (cfg.is_weights in ("base", "classical"), f"--is-weights must be base|classical, got {cfg.is_weights!r}"),
         (cfg.loss in ("clip", "tis"), f"--loss must be clip|tis, got {cfg.loss!r}"),
+        (cfg.lr_decay in ("none", "linear", "cosine"), f"--lr-decay must be none|linear|cosine, got {cfg.lr_decay!r}"),
+        (cfg.lr_decay == "none" or cfg.iterations is not None or cfg.time_budget is None,
+         "--lr-decay follows the iterations: give --iterations with --time-budget"),
         (cfg.advantage in ("episode", "gigpo"), f"--advantage must be episode|gigpo, got {cfg.advantage!r}"),
         (cfg.advantage != "gigpo" or cfg.context != "full", "--advantage gigpo needs a window:k context (one sample per turn)"),
         (cfg.tasks_per_iter >= 1, "--tasks-per-iter must be >= 1"),
@@ -438,6 +448,48 @@ class Run:
         self.lock.release()
 
 
+def environment_record() -> dict[str, Any]:
+    """What a run's floating-point results depend on besides its settings: the packages, the
+    CPU and the kernels torch picked for it. Runs of one seed on different records may differ
+    (docs/training.md, "Same seed, another machine")."""
+    import importlib.metadata
+    import platform
+
+    versions = {}
+    for name in ("torch", "transformers", "tokenizers", "numpy", "safetensors", "gymnasium"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
+            "cpus": available_cpus(), "torch_cpu_capability": capability, "packages": versions,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
+def record_environment(run_dir: Path, rollout_threads: int, update_threads: int, resumed_at: int | None) -> None:
+    """Append this start's environment to ``<run>/environment.json`` (a list: the first start,
+    then one entry per resume)."""
+    path = run_dir / "environment.json"
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+        if not isinstance(entries, list):
+            entries = []
+    except (OSError, json.JSONDecodeError):  # an unreadable record is replaced, never fatal
+        entries = []
+    entries.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_at_iteration": resumed_at,
+                    "rollout_threads": rollout_threads, "update_threads": update_threads, **environment_record()})
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(entries, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def setup(cfg: Config) -> Run:
     """Validate, then create or reopen the run folder, the start model, the run state and the
     runners. Nothing is written before every check has passed."""
@@ -512,6 +564,8 @@ def setup(cfg: Config) -> Run:
             state.load(resume)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        record_environment(run_dir, torch.get_num_threads(), update_threads,
+                           None if resume is None else int(manifest["iteration"]))
         metrics = MetricsLogger(run_dir, cfg.tensorboard,
                                 resume_iteration=None if resume is None else int(manifest["iteration"]))
         collector = build_collector(policy, model_path, training, seed=cfg.seed, workers=cfg.rollout_workers,
@@ -621,12 +675,27 @@ def base_priorities(cfg: Config, records: list) -> np.ndarray:
     return abs_advantage_priority([r.advantage for r in records], cfg.priority_eps)
 
 
+def planned_iterations(cfg: Config) -> int | None:
+    """The run's iteration count: ``--iterations``, else the default's unless a time budget alone ends it."""
+    return cfg.iterations if (cfg.iterations is not None or cfg.time_budget is not None) else DEFAULT_ITERATIONS
+
+
+def lr_factor(decay: str, it: int, iterations: int | None) -> float:
+    """The ``--lr-decay`` multiplier of iteration ``it`` (0-based) of ``iterations``."""
+    if decay == "none" or not iterations:
+        return 1.0
+    x = min(1.0, max(0.0, it / iterations))
+    return 1.0 - x if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * x))
+
+
 def iteration(run: Run) -> dict[str, Any]:
     """Collect, update on-policy, add to the buffer, replay; return the iteration's log row."""
     from agents.record import assign_step_advantages
 
     cfg, c, buffer = run.cfg, run.state.counters, run.state.buffer
     it = c.iteration
+    if cfg.lr_decay != "none":
+        run.state.set_lr(cfg.lr * lr_factor(cfg.lr_decay, it, planned_iterations(cfg)))
     seed_everything(cfg.seed * 1_000_003 + it)  # everything random in an iteration follows from its counter
     t0 = time.monotonic()
     # 1. collect B tasks x G rollouts with the current policy (group advantages stored)
@@ -694,6 +763,7 @@ def log_row(run: Run, records: list, collected: dict[str, float], upd: dict[str,
         "invalid_rate": collected["invalid_reply_rate"], "turns_mean": collected["mean_turns"],
         "groups_all_equal": sum(1 for g in groups.values() if np.ptp(g) == 0), "groups": len(groups),
         "failed_records": int(collected["failed"]), "nonfinite_total": c.nonfinite_total,
+        "lr": float(run.state.optimizer.param_groups[0]["lr"]),
         **{k: v for k, v in upd.items() if isinstance(v, float)},
         "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_buffer_s": t_buffer - t2,
         "time_replay_s": t3 - t_buffer,
@@ -722,7 +792,7 @@ def loop(run: Run) -> None:
 
         run.ref = Policy.from_pretrained(run.dir / "reference", device=cfg.device)
         run.ref.model.requires_grad_(False)
-    iterations = cfg.iterations if (cfg.iterations is not None or cfg.time_budget is not None) else DEFAULT_ITERATIONS
+    iterations = planned_iterations(cfg)
     by_iter = iterations is not None
     bar = tqdm(total=iterations if by_iter else int(cfg.time_budget), initial=c.iteration if by_iter else int(c.rl_seconds),
                unit="it" if by_iter else "s", disable=not cfg.progress, dynamic_ncols=True)

@@ -176,6 +176,13 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     for name in ("config.yaml", "metrics.jsonl", "curves.png", "summary.json", "eval/final/records.jsonl"):
         assert (whole / name).exists(), name
     assert any(r["kind"] == "train" and "ess/age_1-2" in r for r in read_metrics(whole / "metrics.jsonl"))
+    # What the floating-point results depend on is recorded per start: one entry, then one per resume.
+    env_whole = json.loads((whole / "environment.json").read_text())
+    env_split = json.loads((split / "environment.json").read_text())
+    assert len(env_whole) == 1 and env_whole[0]["resumed_at_iteration"] is None
+    assert [e["resumed_at_iteration"] for e in env_split] == [None, 2]
+    assert env_split[1]["packages"]["torch"] == torch.__version__.split("+")[0]
+    assert env_split[1]["packages"]["transformers"] and env_split[1]["update_threads"] >= 1
     # Side-by-side comparison of finished runs (python -m learner.report).
     final = json.loads((whole / "summary.json").read_text())["evals"]["final"]["success"]
     text = compare_runs({"a": [whole], "b": [whole, split]}, tmp_path / "cmp.png", window=2)
@@ -183,6 +190,26 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert lines[0].split()[:3] == ["setting", "run", "iterations"] and len(lines) == 2 + 2 + 3
     assert f"{final:.3f}" in lines[2] and lines[3].split()[:2] == ["a", "mean"]
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
+
+
+def test_lr_decay_follows_the_iterations_and_resumes_exactly(tmp_path: Path) -> None:
+    kw = dict(iterations=4, lr=1e-3, lr_decay="linear", pretrain_steps=1, pretrain_batch=4, eval_every=0)
+    train.train(tiny_config(tmp_path, run_name="whole", **kw))
+    # Resumed from its checkpoint at iteration 2, a run continues on the same schedule.
+    train.train(tiny_config(tmp_path, run_name="split", **kw, checkpoint_every=2))
+    half = tmp_path / "split" / "checkpoints" / "iter_000002"
+    with pytest.raises(ValueError, match="--lr-decay linear runs over them"):
+        train.parse_config(["--resume", str(half), "--iterations", "6"])
+    train.train(train.parse_config(["--resume", str(half)]))
+    rows = {n: [r for r in _train_rows(tmp_path / n) if r["kind"] == "train"] for n in ("whole", "split")}
+    assert [r["lr"] for r in rows["whole"]] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    assert rows["whole"] == rows["split"]
+    assert train.lr_factor("cosine", 0, 4) == 1.0 and train.lr_factor("cosine", 2, 4) == pytest.approx(0.5)
+    assert train.lr_factor("none", 3, 4) == 1.0
+    with pytest.raises(ValueError, match="--lr-decay"):
+        train.validate(tiny_config(tmp_path, run_name="bad", lr_decay="step"))
+    with pytest.raises(ValueError, match="--lr-decay follows the iterations"):
+        train.validate(tiny_config(tmp_path, run_name="bad", lr_decay="linear", iterations=None, time_budget=60))
 
 
 def test_image_task_trains_end_to_end_with_replay(tmp_path: Path) -> None:
