@@ -467,9 +467,8 @@ def environment_record() -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
     except OSError:
         pass
-    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
-            "cpus": available_cpus(), "torch_cpu_capability": capability, "packages": versions,
+            "cpus": available_cpus(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "packages": versions,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 

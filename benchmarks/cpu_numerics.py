@@ -70,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cap}: not available here (exit {out.returncode})")
             continue
         report = json.loads(out.stdout.strip().splitlines()[-1])
-        if rows and report["capability"] == rows[-1]["capability"]:  # the machine lacks it: torch fell back
-            continue
         report["asked"] = cap
         rows.append(report)
     keys = ["pretrain_dynamics_nll_before", "pretrain_format_nll_before"]
