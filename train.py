@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,12 +55,12 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from envs.base import REASONINGS  # noqa: E402
-from learner.checkpoint import (CheckpointError, list_checkpoints, resolve_resume, save_checkpoint,  # noqa: E402
-                                verify_checkpoint)
+from learner.checkpoint import (CheckpointError, clean_stale_temporaries, list_checkpoints, resolve_resume,  # noqa: E402
+                                save_checkpoint, verify_checkpoint)
 from learner.cli import dataclass_parser, replace_checked  # noqa: E402
 from learner.loss import LossConfig  # noqa: E402
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize, task_turn_diagnostics  # noqa: E402
-from learner.seeds import EVAL_SEED_BASE, MAX_RUN_SEED, train_seed  # noqa: E402
+from learner.seeds import EVAL_SEED_BASE, MAX_RUN_SEED, VALID_SEED_BASE, train_seed  # noqa: E402
 from learner.state import ReplaySettings, TrainerState  # noqa: E402
 
 logger = logging.getLogger("train")
@@ -203,9 +204,11 @@ class Config:
 
     # -- evaluation, checkpoints, logging ---------------------------------------------------
     eval_every: int = 10
-    """evaluate on held-out tasks every this many iterations (0: never during training)"""
+    """evaluate on validation tasks every this many iterations (0: never during training): seeds disjoint from training and from the test tasks of the start-of-RL and final evaluations"""
     eval_episodes: int = 64
-    """episodes of a periodic evaluation"""
+    """episodes of a periodic (validation) evaluation"""
+    select: str = "best"
+    """the policy the run delivers and scores on the test tasks beside the last iteration's: 'best' (the iteration with the highest validation success; the last one on ties and without periodic evaluations) or 'last'"""
     final_eval_episodes: int = 200
     """episodes of the start-of-RL and final evaluations: the learning claim compares these"""
     eval_greedy: bool = False
@@ -309,6 +312,7 @@ def validate(cfg: Config) -> None:
         (cfg.is_weights in ("base", "classical"), f"--is-weights must be base|classical, got {cfg.is_weights!r}"),
         (cfg.loss in ("clip", "tis"), f"--loss must be clip|tis, got {cfg.loss!r}"),
         (cfg.lr_decay in ("none", "linear", "cosine"), f"--lr-decay must be none|linear|cosine, got {cfg.lr_decay!r}"),
+        (cfg.select in ("best", "last"), f"--select must be best|last, got {cfg.select!r}"),
         (cfg.lr_decay == "none" or cfg.iterations is not None or cfg.time_budget is None,
          "--lr-decay follows the iterations: give --iterations with --time-budget"),
         (cfg.advantage in ("episode", "gigpo"), f"--advantage must be episode|gigpo, got {cfg.advantage!r}"),
@@ -561,6 +565,7 @@ def setup(cfg: Config) -> Run:
                              (cfg.adam_beta1, cfg.adam_beta2))
         if resume is not None:
             state.load(resume)
+            restore_best(run_dir, state.counters)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         record_environment(run_dir, torch.get_num_threads(), update_threads,
@@ -653,7 +658,9 @@ def write_checkpoint(run: Run) -> Path:
         run.state.save(folder)
         (folder / "config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
 
-    return save_checkpoint(run.dir / "checkpoints", run.state.counters.iteration, write, keep=run.cfg.keep_checkpoints)
+    path = save_checkpoint(run.dir / "checkpoints", run.state.counters.iteration, write, keep=run.cfg.keep_checkpoints)
+    prune_best(run.dir, run.state.counters.best_iteration, run.state.counters.iteration)
+    return path
 
 
 def update(run: Run, trajs: list, weights, ages, on_policy: bool) -> dict[str, Any]:
@@ -800,10 +807,10 @@ def loop(run: Run) -> None:
             row = iteration(run)
             run.metrics.log(row)
             if cfg.eval_every and c.iteration % cfg.eval_every == 0:
-                ev = run_eval(run, cfg.eval_episodes, f"iter_{c.iteration}")[0]
-                run.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, **ev})
-                bar.write(f"iter {c.iteration}: held-out success {ev['success']:.2f} "
-                          f"[{ev['success_ci_low']:.2f}, {ev['success_ci_high']:.2f}]")
+                ev = validate_policy(run)
+                bar.write(f"iter {c.iteration}: validation success {ev['success']:.2f} "
+                          f"[{ev['success_ci_low']:.2f}, {ev['success_ci_high']:.2f}]"
+                          f"{' (best so far)' if c.best_iteration == c.iteration else ''}")
             if cfg.checkpoint_every and c.iteration % cfg.checkpoint_every == 0:
                 write_checkpoint(run)
             bar.set_postfix(ret=f"{row['return_mean']:.2f}", succ=f"{row['success']:.2f}",
@@ -814,13 +821,30 @@ def loop(run: Run) -> None:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """Last checkpoint, final evaluation, summary, curves."""
-    c = run.state.counters
+    """Last checkpoint, final evaluation, the selected policy's evaluation, summary, curves."""
+    cfg, c = run.cfg, run.state.counters
+    if cfg.select == "best" and cfg.eval_every and c.best_iteration != c.iteration \
+            and (c.iteration % cfg.eval_every or c.best_iteration < 0):
+        validate_policy(run)  # the last iteration is a candidate too (a time budget ends anywhere)
     newest = list_checkpoints(run.dir / "checkpoints")
     if not newest or newest[-1].name != f"iter_{c.iteration:06d}":
         write_checkpoint(run)
-    evaluate_phase(run, "final", run.cfg.final_eval_episodes, run.cfg.eval_both)
+    evaluate_phase(run, "final", cfg.final_eval_episodes, cfg.eval_both)
+    selected = None
+    if cfg.select == "best" and 0 <= c.best_iteration < c.iteration:
+        from agents.policy import Policy
+
+        selected = best_folder(run.dir, c.best_iteration)
+        best = Policy.from_pretrained(selected / "model", device=cfg.device)
+        run.policy.model.load_state_dict(best.model.state_dict())  # after the last checkpoint: nothing trains on
+        del best
+        evaluate_phase(run, "selected", cfg.final_eval_episodes, cfg.eval_both)
     summary = summarize(run.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
+    summary["agent"] = str((selected or list_checkpoints(run.dir / "checkpoints")[-1]) / "model")
+    summary["selected_iteration"] = c.best_iteration if selected is not None else c.iteration
+    summary["text"] += (f"\nthe agent: {summary['agent']} (iteration {summary['selected_iteration']}"
+                        + (f", the best validation success {c.best_success:.2f} of the periodic evaluations; "
+                           "'final' rows: the last iteration" if selected is not None else ", the last") + ")")
     (run.dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     (run.dir / "summary.txt").write_text(summary["text"] + "\n", encoding="utf-8")
     plot_curves(run.dir / "metrics.jsonl", run.dir / "curves.png", title=summary["verdict"])
@@ -846,8 +870,51 @@ def train(cfg: Config) -> dict[str, Any]:
 
 
 # -- evaluation --------------------------------------------------------------------------------
-def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None) -> tuple[dict[str, Any], list]:
-    """Evaluate on held-out tasks (seeds from EVAL_SEED_BASE, never trained on); return a flat
+BEST_DIR = "best"
+
+
+def best_folder(run_dir: Path, iteration: int) -> Path:
+    return run_dir / BEST_DIR / f"iter_{iteration:06d}"
+
+
+def validate_policy(run: Run) -> dict[str, Any]:
+    """A periodic evaluation on the validation tasks; keep the policy if it is the best so far
+    (ties: the later one) in ``best/iter_N/model``, written atomically."""
+    cfg, c = run.cfg, run.state.counters
+    ev = run_eval(run, cfg.eval_episodes, f"iter_{c.iteration}", seed=VALID_SEED_BASE)[0]
+    run.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, "split": "validation", **ev})
+    if ev["success"] >= c.best_success:
+        save_checkpoint(run.dir / BEST_DIR, c.iteration, lambda tmp: run.policy.save_pretrained(tmp / "model"),
+                        keep=1 << 30)
+        c.best_iteration, c.best_success = c.iteration, float(ev["success"])
+    return ev
+
+
+def prune_best(run_dir: Path, best_iteration: int, upto: int) -> None:
+    """Delete kept policies that the run state no longer points to: older than its best, and
+    (after a resume) newer than ``upto``, the iteration it resumed from (they are re-made as the
+    run replays, or not, if the run takes another course)."""
+    for folder in list_checkpoints(run_dir / BEST_DIR):
+        it = int(folder.name.split("_")[-1])
+        if it != best_iteration and (it < best_iteration or it > upto):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def restore_best(run_dir: Path, counters) -> None:
+    """On resume: keep the best policy the restored state points to, drop later ones; if it is
+    gone (deleted by hand), say so and pick the best again from the validations still to come."""
+    clean_stale_temporaries(run_dir / BEST_DIR)
+    prune_best(run_dir, counters.best_iteration, counters.iteration)
+    if counters.best_iteration >= 0 and not best_folder(run_dir, counters.best_iteration).is_dir():
+        logger.warning("the best policy of iteration %d is missing from %s: the run picks its best again from the "
+                       "next validations on", counters.best_iteration, run_dir / BEST_DIR)
+        counters.best_iteration, counters.best_success = -1, -1.0
+
+
+def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None,
+             seed: int = EVAL_SEED_BASE) -> tuple[dict[str, Any], list]:
+    """Evaluate on held-out tasks (seeds from ``seed``: the test tasks' EVAL_SEED_BASE unless
+    given the validation tasks' VALID_SEED_BASE; neither ever trained on); return a flat
     dict (success with its 95% Wilson CI, return, invalid rate, turns, the task's probes and the
     policy diagnostics) and the records."""
     from agents.evaluate import evaluate
@@ -855,7 +922,7 @@ def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None) -> t
 
     cfg = run.cfg
     greedy = cfg.eval_greedy if greedy is None else greedy
-    result = evaluate(run.policy, cfg.env_id, episodes=episodes, seed=EVAL_SEED_BASE, greedy=greedy,
+    result = evaluate(run.policy, cfg.env_id, episodes=episodes, seed=seed, greedy=greedy,
                       runner=run.evaluator)
     out: dict[str, Any] = {
         "phase": tag, "decoding": "greedy" if greedy else "sampled", "episodes_eval": result.episodes,

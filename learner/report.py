@@ -262,9 +262,9 @@ def _task_probe(e: dict[str, Any]) -> str:
 def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: float) -> dict[str, Any]:
     """The final table: success with 95% CIs at the start of RL and at the end, the task's probe
     and the policy diagnostics, and the verdicts (improvement; board reading where a probe ran)."""
-    names = {"baseline": "start of RL", "final": "final"}
+    names = {"baseline": "start of RL", "final": "final (last iteration)", "selected": "selected (best validation)"}
     rows = []
-    for key in sorted(evals, key=lambda k: (["baseline", "final"].index(k.split("_")[0]), k)):
+    for key in sorted(evals, key=lambda k: (list(names).index(k.split("_")[0]), k)):
         e = evals[key]
         label = names[key.split("_")[0]] + f", {e.get('decoding', '')}"
         rows.append([label, int(e["episodes_eval"]), f"{e['success']:.3f}",
@@ -273,14 +273,16 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
                      _fmt(e.get("action_spread")), _fmt(e.get("counterfactual_shift"), "+.2f")])
     table = format_table(["evaluation", "episodes", "success", "95% CI", "return", "invalid", "task probe",
                           "action spread", "counterfactual"], rows)
-    base, final = evals.get("baseline"), evals["final"]
+    # The verdicts are the delivered policy's: the selected one where a run kept another than its last.
+    base, final = evals.get("baseline"), evals.get("selected", evals["final"])
     verdict = "no baseline evaluation"
     learned = False
     if base is not None:
         a = (base["success_ci_low"], base["success_ci_high"])
         b = (final["success_ci_low"], final["success_ci_high"])
         learned = final["success"] > base["success"] and intervals_disjoint(a, b)
-        verdict = (f"{final.get('decoding', '')} success: final {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
+        which = "selected" if "selected" in evals else "final"
+        verdict = (f"{final.get('decoding', '')} success: {which} {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
                    f"{'do not overlap - improved' if learned else 'overlap or final is lower - no clear improvement'}")
     reads_board, board_text = board_reading_verdict(final)
     if board_text:
@@ -317,12 +319,13 @@ def seed_interval(values: Sequence[float], z: float | None = None) -> tuple[floa
 def compare_runs(groups: dict[str, list[str | os.PathLike]], out_path: str | os.PathLike | None = None,
                  window: int = 20) -> str:
     """Side by side: per labelled group of run folders (e.g. seeds of one setting), the final
-    held-out success and probe of every run and their mean, as a table; with ``out_path`` also a
+    held-out success and probe of every run and their mean, as a table (with the delivered policy's
+    success: the one ``--select best`` kept, else the last); with ``out_path`` also a
     plot of training success (moving mean over ``window`` iterations) against environment
     episodes and against seconds of RL, one thin line per run and a thick one per group mean."""
     table_rows, curves = [], {}
     for label, dirs in groups.items():
-        finals, probes, greedys, shifts, per_run = [], [], [], [], []
+        finals, probes, greedys, shifts, delivered, per_run = [], [], [], [], [], []
         for d in dirs:
             d = Path(d)
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
@@ -332,9 +335,12 @@ def compare_runs(groups: dict[str, list[str | os.PathLike]], out_path: str | os.
             greedy = summary["evals"].get("final_greedy", {}).get("success", float("nan"))
             greedys.append(greedy)
             shifts.append(final.get("counterfactual_shift", float("nan")))
+            kept = summary["evals"].get("selected", final)
+            delivered.append(kept.get("success", float("nan")))
             table_rows.append([label, d.name, summary["iterations"], summary["episodes"], f"{finals[-1]:.3f}",
                                f"[{final.get('success_ci_low', float('nan')):.3f}, {final.get('success_ci_high', float('nan')):.3f}]",
-                               _fmt(greedy, ".3f"), f"{probes[-1]:.2f}", _fmt(shifts[-1], "+.2f")])
+                               _fmt(greedy, ".3f"), f"{probes[-1]:.2f}", _fmt(shifts[-1], "+.2f"),
+                               f"{delivered[-1]:.3f} (it. {summary.get('selected_iteration', summary['iterations'])})"])
             train = [r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "train"]
             success = np.array([r.get("success", np.nan) for r in train], dtype=float)
             smooth = np.array([_finite_mean(success[max(0, i - window + 1): i + 1]) for i in range(len(success))])
@@ -342,10 +348,11 @@ def compare_runs(groups: dict[str, list[str | os.PathLike]], out_path: str | os.
                             np.array([r.get("time_total_s", np.nan) for r in train], dtype=float), smooth))
         lo, hi = seed_interval(finals)
         table_rows.append([label, "mean", "", "", f"{_finite_mean(finals):.3f}", f"[{lo:.3f}, {hi:.3f}] over seeds",
-                           _fmt(_finite_mean(greedys), ".3f"), f"{_finite_mean(probes):.2f}", _fmt(_finite_mean(shifts), "+.2f")])
+                           _fmt(_finite_mean(greedys), ".3f"), f"{_finite_mean(probes):.2f}", _fmt(_finite_mean(shifts), "+.2f"),
+                           f"{_finite_mean(delivered):.3f}"])
         curves[label] = per_run
     text = format_table(["setting", "run", "iterations", "episodes", "final success", "95% CI", "greedy", "probe",
-                         "counterfactual"], table_rows)
+                         "counterfactual", "delivered"], table_rows)
     if out_path is not None:
         import matplotlib
 

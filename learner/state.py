@@ -32,6 +32,8 @@ class Counters:
     rl_seconds: float = 0.0
     nonfinite_total: int = 0
     nonfinite_consecutive: int = 0
+    best_iteration: int = -1  # the iteration with the highest validation success so far (-1: none yet)
+    best_success: float = -1.0  # its validation success
 
 
 class TrajectoryCodec:
