@@ -925,7 +925,7 @@ def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None,
     result = evaluate(run.policy, cfg.env_id, episodes=episodes, seed=seed, greedy=greedy,
                       runner=run.evaluator)
     out: dict[str, Any] = {
-        "phase": tag, "decoding": "greedy" if greedy else "sampled", "episodes_eval": result.episodes,
+        "phase": tag, "decoding": "greedy" if greedy else "sampled", "episodes_eval": result.episodes, "first_task_seed": seed,
         "success": result.success_rate, "success_ci_low": result.success_ci[0], "success_ci_high": result.success_ci[1],
         "return_mean": result.mean_return, "return_ci_low": result.return_ci[0], "return_ci_high": result.return_ci[1],
         "invalid_rate": result.invalid_reply_rate, "turns_mean": result.mean_turns,

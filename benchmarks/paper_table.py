@@ -107,7 +107,8 @@ def read_run(run: Path) -> RunResult | None:
     rows = read_metrics(run / "metrics.jsonl")
     trains = [r for r in rows if r.get("kind") == "train"]
     seconds_at = {r["iteration"]: r.get("time_total_s", float("nan")) for r in trains}
-    evals = [r for r in rows if r.get("kind") == "eval" and r.get("decoding") == "sampled"]
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("decoding") == "sampled"
+             and not str(r.get("phase", "")).startswith("selected")]  # an earlier iteration's policy, scored at the end
     curve = [(r["episodes"], seconds_at.get(r["iteration"], 0.0), r["success"]) for r in evals]
     final = summary["evals"]["final"]
     ess: dict[str, float] = {}

@@ -36,8 +36,8 @@ def curve(run: Path, periodic_only: bool = False, rows: list[dict] | None = None
     rows = read_metrics(run / "metrics.jsonl") if rows is None else rows
     seen: dict[int, tuple[int, float, float]] = {}
     for r in rows:
-        if periodic_only and not str(r.get("phase", "")).startswith("iter_"):
-            continue
+        if str(r.get("phase", "")).startswith("selected") or (periodic_only and not str(r.get("phase", "")).startswith("iter_")):
+            continue  # the selected policy is an earlier iteration's, scored at the end
         if r.get("kind") == "eval" and r.get("decoding") == "sampled" and "action_spread" in r:
             seen[r["iteration"]] = (r["iteration"], r["success"], r["action_spread"])
     return [seen[k] for k in sorted(seen)]

@@ -151,7 +151,8 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
 
     rows = read_metrics(metrics_path)
     train = [r for r in rows if r.get("kind") == "train"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
+    evals = [r for r in rows if r.get("kind") == "eval" and not str(r.get("phase", "")).startswith("selected")]
+    kept = [r for r in rows if r.get("kind") == "eval" and r.get("phase") == "selected"]
     x = [r["episodes"] for r in train]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     ax = axes[0, 0]
@@ -165,7 +166,10 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
         lo = [r["success"] - r.get("success_ci_low", r["success"]) for r in pts]
         hi = [r.get("success_ci_high", r["success"]) - r["success"] for r in pts]
         ax.errorbar([r["episodes"] for r in pts], [r["success"] for r in pts], yerr=[lo, hi], fmt="o-" if k == 0 else "s--",
-                    capsize=3, color=("C3", "C2", "C4")[k % 3], label=f"held-out eval, {decoding or 'eval'} (95% CI)")
+                    capsize=3, color=("C3", "C2", "C4")[k % 3],
+                    label=f"eval, {decoding or 'eval'} (95% CI; periodic: validation tasks, start and end: test tasks)")
+    for r in kept:  # the delivered policy (--select best), scored on the test tasks at the end
+        ax.plot([r["episodes"]], [r["success"]], "*", ms=13, color="C1", label="selected policy, test tasks")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("success rate")
     ax.legend(fontsize=8)

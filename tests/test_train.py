@@ -192,6 +192,62 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
 
 
+def test_the_run_delivers_the_policy_that_validates_best(tmp_path: Path) -> None:
+    """Periodic evaluations run on validation seeds; the best policy is kept in best/iter_N, scored
+    on the test tasks beside the last iteration, named as the run's agent, and kept on resume."""
+    from learner.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
+
+    # A 2x2 lake without holes: any well-formed moves reach the goal, so the briefly pretrained
+    # start succeeds; a learning rate of 1.0 given on resume then wrecks its replies.
+    kw = dict(env_kwargs={"size": 2, "p": 1.0, "feedback": False}, pretrain_steps=80, pretrain_batch=8,
+              max_new_tokens=16, eval_episodes=8, final_eval_episodes=8, iterations=2)
+    train.train(tiny_config(tmp_path, run_name="r", **kw))
+    run = tmp_path / "r"
+    assert [p.name for p in list_checkpoints(run / "best")] == ["iter_000002"]
+    summary = train.train(train.parse_config(["--resume", str(run), "--iterations", "4", "--lr", "1.0"]))
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "eval"]
+    valid = {r["iteration"]: r["success"] for r in rows if r.get("split") == "validation"}
+    assert sorted(valid) == [2, 4] and valid[2] > valid[4]
+    assert {r["first_task_seed"] for r in rows if r.get("split") == "validation"} == {VALID_SEED_BASE}
+    assert {r["first_task_seed"] for r in rows if r.get("split") is None} == {EVAL_SEED_BASE}
+    assert summary["selected_iteration"] == 2 and summary["agent"] == str(run / "best" / "iter_000002" / "model")
+    assert "the agent: " + summary["agent"] in summary["text"]
+    # The kept policy is iteration 2's weights exactly, and nothing newer is kept.
+    assert [p.name for p in list_checkpoints(run / "best")] == ["iter_000002"]
+    kept, at2 = _weights(run / "best" / "iter_000002"), _weights(run / "checkpoints" / "iter_000002")
+    assert kept.keys() == at2.keys() and all(torch.equal(kept[k], at2[k]) for k in kept)
+    # It is scored on the test tasks beside the last iteration, and the verdict is its own.
+    evals = summary["evals"]
+    assert {"final", "final_greedy", "selected", "selected_greedy"} <= evals.keys()
+    assert evals["selected"]["success"] > evals["final"]["success"]
+    assert summary["verdict"].startswith(f"sampled success: selected {evals['selected']['success']:.2f}")
+    assert (run / "eval" / "selected" / "records.jsonl").exists()
+    # --select last delivers the last iteration (and is checked like any setting).
+    last = train.train(tiny_config(tmp_path, run_name="last", **{**kw, "select": "last"}))
+    assert last["selected_iteration"] == 2 and "selected" not in last["evals"]
+    with pytest.raises(ValueError, match="--select"):
+        train.validate(tiny_config(tmp_path, run_name="bad", select="first"))
+
+
+def test_a_resume_keeps_the_best_policy_its_state_points_to(tmp_path: Path) -> None:
+    """A best policy written after the checkpoint a run resumes from is dropped (the run replays
+    that stretch); the one the restored state names is kept; a missing one is picked again."""
+    from learner.checkpoint import save_checkpoint
+    from learner.state import Counters
+
+    run = tmp_path / "r"
+    for it in (10, 20, 30):
+        save_checkpoint(run / "best", it, lambda tmp: (tmp / "w").write_text("x"), keep=99)
+    (run / "best" / ".tmp-iter_000040-1").mkdir()  # a write cut short
+    state = Counters(iteration=25, best_iteration=20, best_success=0.5)
+    train.restore_best(run, state)
+    assert [p.name for p in (run / "best").iterdir()] == ["iter_000020"]
+    assert (state.best_iteration, state.best_success) == (20, 0.5)
+    gone = Counters(iteration=25, best_iteration=10, best_success=0.4)
+    train.restore_best(run, gone)
+    assert (gone.best_iteration, gone.best_success) == (-1, -1.0)
+
+
 def test_lr_decay_follows_the_iterations_and_resumes_exactly(tmp_path: Path) -> None:
     kw = dict(iterations=4, lr=1e-3, lr_decay="linear", pretrain_steps=1, pretrain_batch=4, eval_every=0)
     train.train(tiny_config(tmp_path, run_name="whole", **kw))

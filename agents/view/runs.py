@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json")
 CHECKPOINT_NAME = re.compile(r"^iter_(\d{6,})$")
 #: Folders of a run that are never runs themselves (not descended into when looking for runs).
-_NOT_RUNS = {"checkpoints", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__"}
+_NOT_RUNS = {"checkpoints", "best", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__"}
 
 
 #: Settings shown at the top of a run page (the whole config.yaml is below them).
