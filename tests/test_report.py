@@ -89,6 +89,12 @@ def test_paired_summaries_pairs_by_seed_and_refuses_mismatched_seeds(tmp_path, c
     assert "over 3 seeds: +0.100 [-0.148, +0.348]" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not the same seed"):
         paired_summaries.main([a[0], "--", b[1]])
+    # The delivered policy against the last iteration of the same runs, with the bar counted.
+    (tmp_path / "a0" / "summary.json").write_text(json.dumps({"evals": {
+        "final": {"success": 0.5, "probe_safe_rate": 0.7}, "selected": {"success": 0.8, "probe_safe_rate": 0.9}}}))
+    assert paired_summaries.main(["--phase-a", "selected", "--bar", "0.6,0.75", a[0], "--", a[0]]) == 0
+    out = capsys.readouterr().out
+    assert "seed 0: 0.800 - 0.500 = +0.300" in out and "meet the bar: A 1 of 1, B 0 of 1" in out
 
 
 def test_spread_curves_compares_runs_at_one_iteration_on_their_periodic_evaluations(tmp_path, capsys) -> None:
