@@ -284,8 +284,9 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
              "Written by `benchmarks/paper_table.py` from the run folders under "
              f"`{out}` (each number is the mean over seeds of a run's `summary.json` / `metrics.jsonl`, with "
              "a 95% t-interval over seeds). Held-out success is sampled at temperature 1 on the same held-out tasks "
-             "for every run: final = the last evaluation (200 tasks), best = the best of the periodic "
-             "evaluations (64 tasks each) and the final one (so it is biased upwards by evaluation noise), "
+             "for every run: final = the last iteration's evaluation (200 test tasks), best = the best of the periodic "
+             "evaluations (64 tasks each: the first 64 test tasks in runs made before the periodic evaluations moved "
+             "to validation tasks, validation tasks since) and the final one (so it is biased upwards by evaluation noise), "
              "drop = final - best. Every method of a task has the same environment-episode budget.", ""]
     header = ("| task | method | seeds | final | best | final - best | vs on-policy (final) "
               "| paired: final - on-policy's, same seeds |")
