@@ -96,6 +96,24 @@ def test_runs_are_found_nested_and_paths_stay_inside_the_root(runs: Path) -> Non
     assert safe_join(runs, "text/eval") == (runs / "text" / "eval").resolve()
 
 
+def test_the_run_list_shows_the_delivered_policy(runs: Path, tmp_path: Path) -> None:
+    """A run that kept an earlier iteration (--select best) is listed with that policy's score;
+    its best/ folder is not taken for a run."""
+    import json
+    import shutil
+
+    run = tmp_path / "kept"
+    shutil.copytree(runs / "text", run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert load_run(tmp_path, run).final == summary["evals"]["final"]
+    summary["evals"]["selected"] = {**summary["evals"]["final"], "success": 0.875}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "best" / "iter_000002" / "model").mkdir(parents=True)
+    (run / "best" / "iter_000002" / "model" / "config.yaml").write_text("x: 1\n")
+    assert load_run(tmp_path, run).final["success"] == 0.875
+    assert [p.name for p in find_runs(tmp_path)] == ["kept"]
+
+
 def test_episode_filters_and_reply_tokens(runs: Path) -> None:
     records = load_records(runs / "text" / "eval" / "final")
     assert filter_episodes(records, EpisodeFilter.parse({"success": "any"})) == list(enumerate(records))

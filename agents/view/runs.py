@@ -238,10 +238,13 @@ class RunInfo:
 
     @property
     def final(self) -> dict[str, Any]:
-        """The final evaluation (from the summary, else the last eval line of the metrics)."""
+        """The delivered policy's final evaluation: ``selected`` where ``--select best`` kept
+        another iteration than the last, else ``final`` (from the summary; for a run still going,
+        the last eval line of the metrics)."""
         evals = (self.summary or {}).get("evals") or {}
-        if isinstance(evals, dict) and isinstance(evals.get("final"), dict):
-            return evals["final"]
+        for key in ("selected", "final"):
+            if isinstance(evals, dict) and isinstance(evals.get(key), dict):
+                return evals[key]
         rows = [r for r in self.metrics if r.get("kind") == "eval"]
         return rows[-1] if rows else {}
 
