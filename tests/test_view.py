@@ -108,8 +108,8 @@ def test_the_run_list_shows_the_delivered_policy(runs: Path, tmp_path: Path) -> 
     assert load_run(tmp_path, run).final == summary["evals"]["final"]
     summary["evals"]["selected"] = {**summary["evals"]["final"], "success": 0.875}
     (run / "summary.json").write_text(json.dumps(summary))
-    (run / "best" / "iter_000002" / "model").mkdir(parents=True)
-    (run / "best" / "iter_000002" / "model" / "config.yaml").write_text("x: 1\n")
+    (run / "best" / "iter_000002").mkdir(parents=True)
+    (run / "best" / "iter_000002" / "config.yaml").write_text("x: 1\n")  # within the depth runs are looked for
     assert load_run(tmp_path, run).final["success"] == 0.875
     assert [p.name for p in find_runs(tmp_path)] == ["kept"]
 
