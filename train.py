@@ -838,7 +838,7 @@ def finish(run: Run) -> dict[str, Any]:
         best = Policy.from_pretrained(selected / "model", device=cfg.device)
         run.policy.model.load_state_dict(best.model.state_dict())  # after the last checkpoint: nothing trains on
         del best
-        evaluate_phase(run, "selected", cfg.final_eval_episodes, cfg.eval_both)
+        evaluate_phase(run, "selected", cfg.final_eval_episodes, cfg.eval_both, {"policy_iteration": c.best_iteration})
     summary = summarize(run.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
     summary["agent"] = str((selected or list_checkpoints(run.dir / "checkpoints")[-1]) / "model")
     summary["selected_iteration"] = c.best_iteration if selected is not None else c.iteration
@@ -938,8 +938,9 @@ def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None,
     return out, result.records
 
 
-def evaluate_phase(run: Run, tag: str, episodes: int, both: bool) -> None:
-    """Run the evaluation of a phase (and, if ``both``, the other decoding mode too), log and save it."""
+def evaluate_phase(run: Run, tag: str, episodes: int, both: bool, extra: dict[str, Any] | None = None) -> None:
+    """Run the evaluation of a phase (and, if ``both``, the other decoding mode too), log (with
+    ``extra``) and save it."""
     from agents.evaluate import save_gifs
     from agents.record import save_records
 
@@ -948,6 +949,7 @@ def evaluate_phase(run: Run, tag: str, episodes: int, both: bool) -> None:
     for k, greedy in enumerate(modes):
         key = tag if k == 0 else f"{tag}_{'greedy' if greedy else 'sampled'}"
         run.evals[key], records = run_eval(run, episodes, key, greedy)
+        run.evals[key].update(extra or {})
         run.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, **run.evals[key]})
         folder = run.dir / "eval" / key
         save_records(records, folder)

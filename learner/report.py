@@ -161,17 +161,18 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
     ax.legend(fontsize=8)
     ax = axes[0, 1]
     ax.plot(x, [r.get("success", float("nan")) for r in train], alpha=0.6, label="train success (sampled)")
+    episodes_at = {r["iteration"]: r["episodes"] for r in train}
     for k, decoding in enumerate(sorted({r.get("decoding", "") for r in evals}, reverse=True)):
         pts = [r for r in evals if r.get("decoding", "") == decoding]
         lo = [r["success"] - r.get("success_ci_low", r["success"]) for r in pts]
         hi = [r.get("success_ci_high", r["success"]) - r["success"] for r in pts]
         ax.errorbar([r["episodes"] for r in pts], [r["success"] for r in pts], yerr=[lo, hi], fmt="o-" if k == 0 else "s--",
-                    capsize=3, color=("C3", "C2", "C4")[k % 3],
-                    label=f"eval, {decoding or 'eval'} (95% CI; periodic: validation tasks, start and end: test tasks)")
+                    capsize=3, color=("C3", "C2", "C4")[k % 3], label=f"eval, {decoding or 'eval'} (95% CI)")
     for r in kept:  # the delivered policy (--select best), scored on the test tasks at the end
-        ax.plot([r["episodes"]], [r["success"]], "*", ms=13, color="C1", label="selected policy, test tasks")
+        at = episodes_at.get(r.get("policy_iteration"), r["episodes"])
+        ax.plot([at], [r["success"]], "*", ms=14, color="C1", label="kept policy, sampled, test tasks")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("success rate")
+    ax.set_title("success rate (periodic evals: validation tasks; start, end: test tasks)", fontsize=10)
     ax.legend(fontsize=8)
     ax = axes[1, 0]
     keys = sorted({k for r in train for k in r if k.startswith("ess")})

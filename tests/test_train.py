@@ -219,7 +219,7 @@ def test_the_run_delivers_the_policy_that_validates_best(tmp_path: Path) -> None
     # It is scored on the test tasks beside the last iteration, and the verdict is its own.
     evals = summary["evals"]
     assert {"final", "final_greedy", "selected", "selected_greedy"} <= evals.keys()
-    assert evals["selected"]["success"] > evals["final"]["success"]
+    assert evals["selected"]["success"] > evals["final"]["success"] and evals["selected"]["policy_iteration"] == 2
     assert summary["verdict"].startswith(f"sampled success: selected {evals['selected']['success']:.2f}")
     assert (run / "eval" / "selected" / "records.jsonl").exists()
     # --select last delivers the last iteration (and is checked like any setting).
