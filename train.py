@@ -55,8 +55,8 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from envs.base import REASONINGS  # noqa: E402
-from learner.checkpoint import (CheckpointError, clean_stale_temporaries, list_checkpoints, resolve_resume,  # noqa: E402
-                                save_checkpoint, verify_checkpoint)
+from learner.checkpoint import (CheckpointError, checkpoint_name, clean_stale_temporaries, list_checkpoints,  # noqa: E402
+                                resolve_resume, save_checkpoint, verify_checkpoint)
 from learner.cli import dataclass_parser, replace_checked  # noqa: E402
 from learner.loss import LossConfig  # noqa: E402
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize, task_turn_diagnostics  # noqa: E402
@@ -874,16 +874,16 @@ BEST_DIR = "best"
 
 
 def best_folder(run_dir: Path, iteration: int) -> Path:
-    return run_dir / BEST_DIR / f"iter_{iteration:06d}"
+    return run_dir / BEST_DIR / checkpoint_name(iteration)
 
 
 def validate_policy(run: Run) -> dict[str, Any]:
-    """A periodic evaluation on the validation tasks; keep the policy if it is the best so far
-    (ties: the later one) in ``best/iter_N/model``, written atomically."""
+    """A periodic evaluation on the validation tasks; with ``--select best``, keep the policy if
+    it is the best so far (ties: the later one) in ``best/iter_N/model``, written atomically."""
     cfg, c = run.cfg, run.state.counters
     ev = run_eval(run, cfg.eval_episodes, f"iter_{c.iteration}", seed=VALID_SEED_BASE)[0]
     run.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, "split": "validation", **ev})
-    if ev["success"] >= c.best_success:
+    if cfg.select == "best" and ev["success"] >= c.best_success:
         save_checkpoint(run.dir / BEST_DIR, c.iteration, lambda tmp: run.policy.save_pretrained(tmp / "model"),
                         keep=1 << 30)
         c.best_iteration, c.best_success = c.iteration, float(ev["success"])

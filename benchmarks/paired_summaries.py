@@ -39,11 +39,6 @@ def evaluation(summary: Path, phase: str = "final") -> tuple[int | None, dict]:
     return seed, evals.get(phase) or evals["final"]
 
 
-def final_success(summary: Path, phase: str = "final") -> tuple[int | None, float]:
-    seed, ev = evaluation(summary, phase)
-    return seed, float(ev["success"])
-
-
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     options = {"--phase-a": "final", "--phase-b": "final", "--bar": None}

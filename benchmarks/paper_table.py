@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.sweep import parse_seeds, run_sweep  # noqa: E402
-from learner.report import read_metrics, seed_interval  # noqa: E402
+from learner.report import kept_policy_row, read_metrics, seed_interval  # noqa: E402
 
 
 @dataclass
@@ -107,8 +107,7 @@ def read_run(run: Path) -> RunResult | None:
     rows = read_metrics(run / "metrics.jsonl")
     trains = [r for r in rows if r.get("kind") == "train"]
     seconds_at = {r["iteration"]: r.get("time_total_s", float("nan")) for r in trains}
-    evals = [r for r in rows if r.get("kind") == "eval" and r.get("decoding") == "sampled"
-             and not str(r.get("phase", "")).startswith("selected")]  # an earlier iteration's policy, scored at the end
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("decoding") == "sampled" and not kept_policy_row(r)]
     curve = [(r["episodes"], seconds_at.get(r["iteration"], 0.0), r["success"]) for r in evals]
     final = summary["evals"]["final"]
     ess: dict[str, float] = {}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from learner.report import read_metrics  # noqa: E402
+from learner.report import kept_policy_row, read_metrics  # noqa: E402
 
 
 def curve(run: Path, periodic_only: bool = False, rows: list[dict] | None = None) -> list[tuple[int, float, float]]:
@@ -36,8 +36,8 @@ def curve(run: Path, periodic_only: bool = False, rows: list[dict] | None = None
     rows = read_metrics(run / "metrics.jsonl") if rows is None else rows
     seen: dict[int, tuple[int, float, float]] = {}
     for r in rows:
-        if str(r.get("phase", "")).startswith("selected") or (periodic_only and not str(r.get("phase", "")).startswith("iter_")):
-            continue  # the selected policy is an earlier iteration's, scored at the end
+        if kept_policy_row(r) or (periodic_only and not str(r.get("phase", "")).startswith("iter_")):
+            continue
         if r.get("kind") == "eval" and r.get("decoding") == "sampled" and "action_spread" in r:
             seen[r["iteration"]] = (r["iteration"], r["success"], r["action_spread"])
     return [seen[k] for k in sorted(seen)]

@@ -142,6 +142,12 @@ def replayed_state_turns(env_id: str, env_kwargs: dict[str, Any], records: Itera
 
 
 # -- curves.png -------------------------------------------------------------------------------
+def kept_policy_row(row: dict[str, Any]) -> bool:
+    """An evaluation of the policy ``--select best`` kept (phases ``selected``/``selected_*``):
+    an earlier iteration's policy, scored at the end, so not a point of the training curve."""
+    return str(row.get("phase", "")).startswith("selected")
+
+
 def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, title: str = "") -> Path:
     """Return, success, IS ESS and ratio statistics against environment episodes."""
     import matplotlib
@@ -151,7 +157,7 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
 
     rows = read_metrics(metrics_path)
     train = [r for r in rows if r.get("kind") == "train"]
-    evals = [r for r in rows if r.get("kind") == "eval" and not str(r.get("phase", "")).startswith("selected")]
+    evals = [r for r in rows if r.get("kind") == "eval" and not kept_policy_row(r)]
     kept = [r for r in rows if r.get("kind") == "eval" and r.get("phase") == "selected"]
     x = [r["episodes"] for r in train]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
