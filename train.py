@@ -1,7 +1,7 @@
 """Train an LLM/VLM agent with IS-corrected GRPO and freshness-aware prioritized replay.
 
     python train.py                                   # the default: tiny model, FrozenLake 4x4, ~11.5 min on 2 CPUs
-    python train.py --env-id freshper/Sokoban-v0 --config configs/sokoban.yaml
+    python train.py --config configs/sokoban_simple.yaml
     python train.py --iterations 100 --replay fresh --replay-ratio 1
     python train.py --resume runs/<name>              # continue exactly from the newest checkpoint
     python train.py --help                            # every flag, documented
@@ -177,8 +177,8 @@ class Config:
     # -- replay ----------------------------------------------------------------------------
     replay: str = "fresh"
     """'fresh' (FreshPER, the default), 'per' (no age decay), 'uniform', or 'none' (on-policy only)"""
-    replay_ratio: int = 1
-    """K: replay updates per iteration"""
+    replay_ratio: int = 2
+    """K: replay updates per iteration (0: none, the on-policy update only)"""
     replay_batch: int | None = 16
     """trajectories per replay update (none: B x G, as many as one iteration collects)"""
     buffer_capacity: int = 640

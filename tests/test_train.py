@@ -90,6 +90,28 @@ def test_shipped_configs_load(path: Path) -> None:
     envs.make(cfg.env_id, **dict(cfg.env_kwargs or {})).close()  # the task takes the config's keyword arguments
 
 
+def test_the_default_config_file_is_the_default_run_written_out() -> None:
+    # configs/frozenlake_default.yaml documents what `make train` (train.py without flags) runs:
+    # every value it sets must be train.py's default, so a changed default cannot leave it behind
+    written = yaml.safe_load((REPO / "configs" / "frozenlake_default.yaml").read_text(encoding="utf-8"))
+    default = train.parse_config([])
+    from_file = train.parse_config(["--config", str(REPO / "configs" / "frozenlake_default.yaml")])
+
+    def resolved(cfg, key):  # the values train.py fills in at start where the flag is left unset
+        value = getattr(cfg, key)
+        if key == "env_kwargs" and value is None:
+            return default_env_kwargs(cfg.env_id, cfg.context)
+        if key == "pretrain_steps" and value is None:
+            return train.pretrain_config(cfg).steps
+        if key == "iterations":
+            return train.planned_iterations(cfg)
+        return value
+
+    differ = {k: (resolved(from_file, k), resolved(default, k)) for k in written
+              if resolved(from_file, k) != resolved(default, k)}
+    assert not differ, f"configs/frozenlake_default.yaml differs from train.py's defaults: {differ}"
+
+
 def test_board_tasks_in_window0_default_to_the_board_alone() -> None:
     assert default_env_kwargs("freshper/FrozenLake-v0", "window:0") == {"feedback": False}
     assert default_env_kwargs("freshper/Sokoban-v0", "window:0") == {"feedback": False}
