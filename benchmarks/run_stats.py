@@ -7,11 +7,12 @@ training success and the number of successful training episodes, the share of GR
 gradient), turns per episode and invalid replies at the first iteration and over the last 10,
 the range of the held-out action spread, and held-out sampled success at the start of RL and
 at the end (200 tasks), and the median seconds per iteration of rollouts, the on-policy update
-and the replay update. These are the columns of the per-task tables in docs/training.md.
+and the replay updates (all K of an iteration together). These are the columns of the per-task tables in docs/training.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -47,10 +48,13 @@ def stats(run: Path) -> dict[str, float]:
     }
 
 
-def main() -> int:
-    runs = [Path(p) for p in sys.argv[1:]]
-    if not runs:
-        raise SystemExit(__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (live or archived)")
+    runs = parser.parse_args(argv).runs
+    missing = [str(r) for r in runs if not ((r / "metrics.jsonl").exists() or (r / "metrics.jsonl.gz").exists())]
+    if missing:
+        parser.error(f"no metrics.jsonl (or .gz) in: {', '.join(missing)}")
     print(f"{'run':<40} {'its':>4} {'train success':>13} {'solved':>6} {'groups w/ signal':>16} {'turns':>11} "
           f"{'invalid':>11} {'action spread':>13} {'held-out start -> final':>23} {'s: rollout update replay':>25}")
     for run in runs:
