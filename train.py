@@ -1,6 +1,6 @@
 """Train an LLM/VLM agent with IS-corrected GRPO and freshness-aware prioritized replay.
 
-    python train.py                                   # the default: tiny model, FrozenLake 4x4, ~20 min on 2 CPUs
+    python train.py                                   # the default: tiny model, FrozenLake 4x4, ~20 min on 2 CPUs (~18 with its pretrained model cached)
     python train.py --config configs/sokoban_simple.yaml
     python train.py --iterations 100 --replay fresh --replay-ratio 1
     python train.py --resume runs/<name>              # continue exactly from the newest checkpoint
