@@ -248,22 +248,27 @@ def test_async_records_carry_the_version_they_were_sampled_with(cluster, model_p
         collector.close()
 
 
-def test_async_training_keeps_versions_and_buffer_ages_exact(cluster, model_path, tmp_path) -> None:
+@pytest.mark.parametrize("replay_ratio", [1, 2])
+def test_async_training_keeps_versions_and_buffer_ages_exact(cluster, model_path, tmp_path, replay_ratio) -> None:
     from learner.state import REPLAY_FILE, TrajectoryCodec
     from replay.buffer import ReplayBuffer
 
     cfg = train.Config(runs_root=str(tmp_path), run_name="async", rollout_workers=2, async_collect=True,
-                       iterations=4, replay="fresh", replay_batch=4, buffer_capacity=16, **TINY)
+                       iterations=4, replay="fresh", replay_batch=4, replay_ratio=replay_ratio,
+                       buffer_capacity=16, **TINY)
     train.train(cfg)
     rows = [r for r in read_metrics(tmp_path / "async" / "metrics.jsonl") if r["kind"] == "train"]
-    # 2 optimizer steps per iteration (on-policy + 1 replay): iteration 1 is sampled fresh, the
-    # later ones one iteration (2 versions) behind, and updated with IS ratios, not as on-policy
-    assert [r["staleness_max"] for r in rows] == [0.0, 2.0, 2.0, 2.0]
-    assert [r["global_step"] for r in rows] == [2, 4, 6, 8]
+    # 1 + K optimizer steps per iteration (on-policy + K replay updates): iteration 1 is sampled
+    # fresh, the later ones one iteration (1 + K versions) behind, and updated with IS ratios, not
+    # as on-policy
+    steps = 1 + replay_ratio
+    assert [r["staleness_max"] for r in rows] == [0.0] + [float(steps)] * 3
+    assert [r["global_step"] for r in rows] == [steps * i for i in range(1, 5)]
     assert "behavior_logprob_gap" in rows[0] and all("behavior_logprob_gap" not in r for r in rows[1:])
     assert all(r["stale_dropped"] == 0 and math.isfinite(r["loss"]) for r in rows)
     buffer = ReplayBuffer.load(list_checkpoints(tmp_path / "async" / "checkpoints")[-1] / REPLAY_FILE,
                                TrajectoryCodec())
     versions = [item.policy_version for item in buffer._items[: len(buffer)]]
-    assert versions == [0] * 8 + [2] * 4 + [4] * 4  # iterations 1-4 sampled with versions 0, 0, 2, 4
+    # iterations 1-4 sampled with versions 0, 0, 1 + K, 2 (1 + K)
+    assert versions == [0] * 8 + [steps] * 4 + [2 * steps] * 4
     assert list(buffer._t[: len(buffer)]) == versions  # each stored at the step it was sampled: ages exact
