@@ -1,0 +1,118 @@
+"""How far the policy has drifted from the data in its replay buffer, by the data's age.
+
+    python benchmarks/buffer_drift.py runs/<run> [runs/<run> ...]
+    python benchmarks/buffer_drift.py runs/<run>/checkpoints/iter_000100 --per-bucket 200
+
+For each run (its last checkpoint) or checkpoint folder it loads the saved policy and the saved
+replay buffer, recomputes the log-prob of every stored sampled token under that policy, and
+prints per age bucket (optimizer steps since the trajectory was sampled): the trajectories and
+tokens scored, their success rate, the mean KL(behaviour || now) estimated on the sampled tokens
+(mean of log p_behaviour - log p_now), the token importance ratios' normalised effective sample
+size ``(sum w)^2 / (n sum w^2)`` and the share of tokens outside the PPO clip ``|w - 1| > 0.2``.
+This is the training's own ``ess/age_*`` metric at a finer age resolution and on the whole
+buffer rather than on what happened to be replayed: what replaying data of each age would cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+EDGES = (0, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bucket_name(i: int) -> str:
+    lo = EDGES[i]
+    return f"{lo}+" if i == len(EDGES) - 1 else f"{lo}-{EDGES[i + 1] - 1}"
+
+
+def checkpoint_of(path: Path) -> Path:
+    """``path`` itself when it is a checkpoint, else the newest checkpoint of the run folder."""
+    from learner.checkpoint import list_checkpoints
+
+    if (path / "trainer.pt").exists():
+        return path
+    found = list_checkpoints(path / "checkpoints")
+    if not found:
+        raise SystemExit(f"{path}: neither a checkpoint (no trainer.pt) nor a run folder with checkpoints")
+    return found[-1]
+
+
+def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from agents.policy import Policy
+    from learner.batch import batch_logprobs, make_batches
+    from learner.state import REPLAY_FILE, TrajectoryCodec
+    from replay.buffer import ReplayBuffer
+
+    if not (ckpt / REPLAY_FILE).exists():
+        raise SystemExit(f"{ckpt}: no {REPLAY_FILE} (a run with --replay none keeps no buffer)")
+    step = torch.load(ckpt / "trainer.pt", weights_only=False)["state"]["global_step"]
+    _, items, _, steps = ReplayBuffer.load(ckpt / REPLAY_FILE, TrajectoryCodec()).items()
+    ages = step - np.asarray(steps, dtype=np.float64)
+    which = np.clip(np.searchsorted(np.asarray(EDGES, dtype=np.float64), ages, side="right") - 1, 0, len(EDGES) - 1)
+    rng = np.random.default_rng(seed)
+    policy = Policy.from_pretrained(ckpt / "model")
+    policy.model.eval()
+    rows = []
+    for b in range(len(EDGES)):
+        idx = np.flatnonzero(which == b)
+        if idx.size == 0:
+            continue
+        if idx.size > per_bucket:
+            idx = np.sort(rng.choice(idx, per_bucket, replace=False))
+        trajs = [items[i] for i in idx]
+        gaps = []
+        with torch.no_grad():
+            for batch in make_batches(trajs, micro_batch=micro_batch):
+                now = batch_logprobs(policy, batch)
+                mask = batch.mask.bool()
+                gaps.append((batch.behavior_logprobs[mask] - now[mask]).double())
+        gap = torch.cat(gaps)
+        w = torch.exp(-gap)
+        rows.append({"bucket": bucket_name(b), "age_mean": float(ages[idx].mean()), "trajectories": int(idx.size),
+                     "in_buffer": int((which == b).sum()), "tokens": int(gap.numel()),
+                     "success": float(np.mean([t.success for t in trajs])), "kl": float(gap.mean()),
+                     "ess": float(w.sum() ** 2 / (w.numel() * (w * w).sum())),
+                     "outside_clip": float(((w - 1).abs() > 0.2).double().mean())})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (their last checkpoint) or checkpoint folders")
+    parser.add_argument("--per-bucket", type=int, default=300, help="trajectories scored per age bucket at most (300)")
+    parser.add_argument("--seed", type=int, default=0, help="which trajectories a full bucket scores")
+    parser.add_argument("--micro-batch", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write every row here (JSON lines)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = []
+    header = (f"{'checkpoint':<44} {'age':>7} {'mean age':>8} {'scored':>6} {'in buffer':>9} {'tokens':>7} "
+              f"{'success':>7} {'KL':>8} {'ESS':>6} {'outside clip':>12}")
+    print(header)
+    for run in args.runs:
+        ckpt = checkpoint_of(run)
+        name = "/".join(ckpt.parts[-3:])
+        for row in drift(ckpt, args.per_bucket, args.seed, args.micro_batch):
+            out.append({"checkpoint": str(ckpt), **row})
+            print(f"{name:<44} {row['bucket']:>7} {row['age_mean']:>8.1f} {row['trajectories']:>6} {row['in_buffer']:>9} "
+                  f"{row['tokens']:>7} {row['success']:>7.3f} {row['kl']:>8.4f} {row['ess']:>6.3f} "
+                  f"{row['outside_clip']:>12.3f}", flush=True)
+    if args.json:
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
