@@ -2,6 +2,7 @@
 
     python benchmarks/buffer_drift.py runs/<run> [runs/<run> ...]
     python benchmarks/buffer_drift.py runs/<run>/checkpoints/iter_000100 --per-bucket 200
+    python benchmarks/buffer_drift.py runs/stale/frozenlake/*_s? --by-setting   # + mean over seeds
 
 For each run (its last checkpoint) or checkpoint folder it loads the saved policy and the saved
 replay buffer, recomputes the log-prob of every stored sampled token under that policy, and
@@ -11,12 +12,15 @@ tokens scored, their success rate, the mean KL(behaviour || now) estimated on th
 size ``(sum w)^2 / (n sum w^2)`` and the share of tokens outside the PPO clip ``|w - 1| > 0.2``.
 This is the training's own ``ess/age_*`` metric at a finer age resolution and on the whole
 buffer rather than on what happened to be replayed: what replaying data of each age would cost.
+``--by-setting`` also prints, per setting (a run folder's name without its ``_s<seed>`` suffix)
+and age bucket, the mean over the setting's runs with its 95% t-interval over seeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write every row here (JSON lines)")
+    parser.add_argument("--by-setting", action="store_true", help="also the mean over seeds per setting and age")
     args = parser.parse_args(argv)
     import torch
 
@@ -111,7 +116,36 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['outside_clip']:>12.3f}", flush=True)
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in out))
+    if args.by_setting:
+        print()
+        print(by_setting(out))
     return 0
+
+
+def setting_of(checkpoint: str) -> str:
+    """The setting a checkpoint's run belongs to: its run folder's name without ``_s<seed>``."""
+    parts = Path(checkpoint).parts
+    run = parts[-3] if len(parts) >= 3 and parts[-2] == "checkpoints" else Path(checkpoint).name
+    return re.sub(r"_s\d+$", "", run)
+
+
+def by_setting(rows: list[dict]) -> str:
+    """Mean [95% CI over runs] of KL, ESS and the share outside the clip per setting and age bucket."""
+    from learner.report import seed_interval
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((setting_of(r["checkpoint"]), r["bucket"]), []).append(r)
+    order = {bucket_name(i): i for i in range(len(EDGES))}
+    lines = [f"{'setting':<20} {'age':>7} {'runs':>4} {'KL [95% CI]':>26} {'ESS [95% CI]':>24} {'outside clip [95% CI]':>24}"]
+    for (setting, bucket), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
+        cells = []
+        for key, fmt in (("kl", "{:.4f}"), ("ess", "{:.3f}"), ("outside_clip", "{:.3f}")):
+            vals = [r[key] for r in rs]
+            lo, hi = seed_interval(vals)
+            cells.append(f"{fmt.format(sum(vals) / len(vals))} [{fmt.format(lo)}, {fmt.format(hi)}]")
+        lines.append(f"{setting:<20} {bucket:>7} {len(rs):>4} {cells[0]:>26} {cells[1]:>24} {cells[2]:>24}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
