@@ -308,7 +308,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
             paired = _paired(by_seed[method], by_seed.get("none", {})) if method != "none" else []
             paired_text = f"{_ci(paired)} (n={len(paired)})" if paired else ""
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
-                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {'' if method == 'none' else f'{rel:+.0f}%'} "
+                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {f'{rel:+.0f}%' if math.isfinite(rel) and method != 'none' else ''} "
                          f"| {paired_text} |")
         png = img_dir / f"results_{task}.png"
         _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)

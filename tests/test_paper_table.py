@@ -57,3 +57,9 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     assert f"| `fresh_k2` | `--replay-ratio 2` | 1 | {fresh_final + 0.5:.3f} | 0.500 (n=1) |" in text
     assert "fresh_classical" not in text.split("## Commands")[0]  # arms without runs are left out
     assert (doc.parent / "img" / "results_frozenlake_ablations.png").stat().st_size > 10_000
+    # a table without the on-policy arm (replay arms only) leaves the columns against it empty
+    shutil.rmtree(out / "frozenlake" / "none_s0")
+    subprocess.run(cmd[:-len(TINY) - 1] + ["--report-only"], cwd=REPO, check=True, capture_output=True, text=True,
+                   timeout=300)
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| FrozenLake 4x4, text |")]
+    assert len(rows) == 3 and all(line.endswith("|  |  |") and "nan" not in line for line in rows)
