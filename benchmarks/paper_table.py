@@ -93,6 +93,9 @@ class RunResult:
     age_edges: list[float] | None
     tau_last: float | None
     updates: dict[str, float] = field(default_factory=dict)  # means over the replay iterations
+    #: mean held-out success of the periodic evaluations (start of RL and final excluded): the
+    #: area under the learning curve per evaluation, a sample-efficiency score over the whole run
+    curve_mean: float = float("nan")
 
 
 UPDATE_KEYS = {"grad_norm": "on-policy update: gradient norm", "replay_grad_norm": "replay update: gradient norm",
@@ -119,7 +122,9 @@ def read_run(run: Path) -> RunResult | None:
     replayed = [r for r in trains if r.get("buffer_size") and "replay_grad_norm" in r]
     updates = {k: float(np.mean([r[k] for r in replayed if k in r])) for k in UPDATE_KEYS
                if any(k in r for r in replayed)}
+    periodic = [r["success"] for r in evals if str(r.get("phase", "")).startswith("iter_")]
     return RunResult(final=final["success"], best=max(s for _, _, s in curve) if curve else final["success"],
+                     curve_mean=float(np.mean(periodic)) if periodic else float("nan"),
                      final_return=final.get("return_mean", float("nan")), evals=curve, ess=ess,
                      age_mass=None if last is None else last["buffer_age_mass"],
                      age_edges=None if last is None else last.get("buffer_age_edges"),
@@ -141,9 +146,26 @@ def _ci(values: list[float]) -> str:
     return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _paired(a: dict[int, RunResult], b: dict[int, RunResult]) -> list[float]:
-    """Final-score differences a - b on the seeds both have."""
-    return [a[s].final - b[s].final for s in a if s in b]
+def _paired(a: dict[int, RunResult], b: dict[int, RunResult], key: str = "final") -> list[float]:
+    """Differences a - b of a score (``final``, ``curve_mean``) on the seeds both have."""
+    return [getattr(a[s], key) - getattr(b[s], key) for s in a if s in b]
+
+
+def _pair_cells(a: dict[int, RunResult], b: dict[int, RunResult]) -> str:
+    """``| n | final a - b [95% CI] (k ahead) | curve mean a - b [95% CI] (k ahead) |``"""
+    cells = []
+    for key in ("final", "curve_mean"):
+        d = [x for x in _paired(a, b, key) if math.isfinite(x)]
+        cells.append(f"{_ci(d)} ({sum(x > 0 for x in d)} of {len(d)} ahead)" if d else "n/a")
+    return f"| {len(_paired(a, b))} | {cells[0]} | {cells[1]} |"
+
+
+def pair_lines(label: str, pairs: list[tuple[str, dict[int, RunResult], dict[int, RunResult]]]) -> list[str]:
+    """A table of paired differences (same seeds) of the final and the curve-mean scores."""
+    rows = [f"| {name} " + _pair_cells(a, b) for name, a, b in pairs if _paired(a, b)]
+    if not rows:
+        return []
+    return [label, "", "| pair (A - B) | seeds | final: A - B | curve mean: A - B |", "|---|---|---|---|", *rows, ""]
 
 
 def _plot(task: str, label: str, results: dict[str, list[RunResult]], out: Path) -> None:
@@ -275,8 +297,10 @@ def kept_notes(doc: Path) -> str:
     return f"{NOTES_START}\n{NOTES_END}"
 
 
-def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablations: bool, commands: list[str]) -> str:
-    """Write the results document from the run folders; return its text."""
+def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablations: bool, commands: list[str],
+                 against: Path | None = None) -> str:
+    """Write the results document from the run folders; return its text. ``against``: another
+    folder of runs of the same arms (e.g. one setting changed for all) to pair each arm with."""
     img_dir = doc.parent / "img"
     img_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# Results: on-policy vs PER vs FreshPER vs uniform replay at CPU scale", "",
@@ -286,10 +310,12 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
              "for every run: final = the last iteration's evaluation (200 test tasks), best = the best of the periodic "
              "evaluations (64 tasks each: the first 64 test tasks in runs made before the periodic evaluations moved "
              "to validation tasks, validation tasks since) and the final one (so it is biased upwards by evaluation noise), "
-             "drop = final - best. Every method of a task has the same environment-episode budget.", ""]
-    header = ("| task | method | seeds | final | best | final - best | vs on-policy (final) "
+             "drop = final - best, curve mean = the mean of the periodic evaluations (the area under the learning "
+             "curve per evaluation: how early a method gets there, not only where it ends). Every method of a "
+             "task has the same environment-episode budget.", ""]
+    header = ("| task | method | seeds | final | best | final - best | curve mean | vs on-policy (final) "
               "| paired: final - on-policy's, same seeds |")
-    lines += [header, "|---|---|---|---|---|---|---|---|"]
+    lines += [header, "|---|---|---|---|---|---|---|---|---|"]
     details: list[str] = []
     for task in tasks:
         spec = TASKS[task]
@@ -308,14 +334,23 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
             paired = _paired(by_seed[method], by_seed.get("none", {})) if method != "none" else []
             paired_text = f"{_ci(paired)} (n={len(paired)})" if paired else ""
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
-                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {f'{rel:+.0f}%' if math.isfinite(rel) and method != 'none' else ''} "
+                         f"{np.mean(np.subtract(finals, bests)):+.3f} | {_ci([r.curve_mean for r in runs])} | {f'{rel:+.0f}%' if math.isfinite(rel) and method != 'none' else ''} "
                          f"| {paired_text} |")
-        png = img_dir / f"results_{task}.png"
+        png = img_dir / f"{doc.stem}_{task}.png"  # results.md: results_<task>.png
         _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)
         details += [f"## {spec.name}", "", f"![held-out success, {spec.name}]({png.relative_to(doc.parent)})", ""]
+        main_arms = [m for m in ("fresh", "per", "uniform", "none") if by_seed.get(m)]  # A before B
+        details += pair_lines("Paired differences between the methods (same seeds; final and curve mean as in the "
+                              "table):", [(f"{a} - {b}", by_seed[a], by_seed[b]) for i, a in enumerate(main_arms)
+                                          for b in main_arms[i + 1:]])
+        if against is not None:
+            other = {m: {s: r for s in seeds if (r := read_run(against / task / f"{m}_s{s}")) is not None}
+                     for m in by_seed}
+            details += pair_lines(f"Each arm against the same arm's runs in `{against}` (same seeds):",
+                                  [(f"{m} - {m} there", by_seed[m], other[m]) for m in by_seed if other.get(m)])
         if ablations:
             details += ablation_lines(by_seed)
-            abl_png = img_dir / f"results_{task}_ablations.png"
+            abl_png = img_dir / f"{doc.stem}_{task}_ablations.png"
             if _plot_ablations(spec.name, results, abl_png):
                 details += [f"![FreshPER's settings, {spec.name}]({abl_png.relative_to(doc.parent)})", ""]
         replay = {m: r for m, r in results.items() if r and r[0].ess}
@@ -370,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablations", action="store_true", help="also the FreshPER ablations on FrozenLake text")
     parser.add_argument("--iterations", type=int, default=None, help="override every task's budget (tests, quick looks)")
     parser.add_argument("--doc", default="docs/results.md")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another --out folder of the same arms: pair each arm with its runs there")
     parser.add_argument("--report-only", action="store_true", help="do not run anything; rewrite the report")
     parser.add_argument("extra", nargs="*", help="after --: flags passed to every train.py run")
     args = parser.parse_args(argv)
@@ -392,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             print(f"== {spec.name}: {len(arms)} settings x {len(seeds)} seeds", flush=True)
             failed += run_sweep(out / task, arms, seeds, common, args.jobs)
-    text = write_report(out, Path(args.doc), args.tasks, seeds, args.ablations, commands)
+    text = write_report(out, Path(args.doc), args.tasks, seeds, args.ablations, commands, args.against)
     print(text.split("\n## ")[0])
     if failed:
         print(f"failed runs: {failed}")

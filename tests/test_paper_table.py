@@ -27,6 +27,8 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     assert "| method | on-policy update: gradient norm | replay update: gradient norm |" in text
     assert "| none |" not in text.split("The updates of an iteration")[1].split("Sampling mass")[0]  # replay arms only
     assert "python benchmarks/paper_table.py" in text
+    assert "| final - best | curve mean |" in text
+    assert "| fresh - per | 1 |" in text and "| per - none | 1 |" in text and "| none - fresh |" not in text
     # a second call reruns nothing (finished runs are kept) and rewrites the same table
     again = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert "0 runs to do" in again.stdout
@@ -63,3 +65,9 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
                    timeout=300)
     rows = [line for line in doc.read_text().splitlines() if line.startswith("| FrozenLake 4x4, text |")]
     assert len(rows) == 3 and all(line.endswith("|  |  |") and "nan" not in line for line in rows)
+    # --against pairs each arm with its runs in another folder (here the same one: differences 0)
+    subprocess.run(cmd[:-len(TINY) - 1] + ["--report-only", "--against", str(out)], cwd=REPO, check=True,
+                   capture_output=True, text=True, timeout=300)
+    text = doc.read_text()
+    assert f"Each arm against the same arm's runs in `{out}`" in text
+    assert "| fresh - fresh there | 1 | 0.000 (0 of 1 ahead) |" in text
