@@ -2,7 +2,8 @@
 
     python benchmarks/buffer_drift.py runs/<run> [runs/<run> ...]
     python benchmarks/buffer_drift.py runs/<run>/checkpoints/iter_000100 --per-bucket 200
-    python benchmarks/buffer_drift.py runs/stale/frozenlake/*_s? --by-setting   # + mean over seeds
+    python benchmarks/buffer_drift.py runs/stale/frozenlake/*_s? --by-setting --json drift.jsonl  # + means
+    python benchmarks/buffer_drift.py --rows drift.jsonl --by-setting --plot drift.png  # again, from the rows
 
 For each run (its last checkpoint) or checkpoint folder it loads the saved policy and the saved
 replay buffer, recomputes the log-prob of every stored sampled token under that policy, and
@@ -90,36 +91,93 @@ def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders (their last checkpoint) or checkpoint folders")
+    parser.add_argument("runs", nargs="*", type=Path, help="run folders (their last checkpoint) or checkpoint folders")
+    parser.add_argument("--rows", type=Path, default=None,
+                        help="read the rows a --json run wrote (plain or .gz) instead of scoring checkpoints")
     parser.add_argument("--per-bucket", type=int, default=300, help="trajectories scored per age bucket at most (300)")
     parser.add_argument("--seed", type=int, default=0, help="which trajectories a full bucket scores")
     parser.add_argument("--micro-batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write every row here (JSON lines)")
     parser.add_argument("--by-setting", action="store_true", help="also the mean over seeds per setting and age")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="also draw KL, ESS and the share outside the clip against age per setting (PNG)")
     args = parser.parse_args(argv)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     out = []
+    if args.rows:
+        import gzip
+
+        opener = gzip.open if args.rows.suffix == ".gz" else open
+        with opener(args.rows, "rt", encoding="utf-8") as fh:
+            out = [json.loads(line) for line in fh if line.strip()]
+    elif not args.runs:
+        parser.error("give run or checkpoint folders, or --rows")
     header = (f"{'checkpoint':<44} {'age':>7} {'mean age':>8} {'scored':>6} {'in buffer':>9} {'tokens':>7} "
               f"{'success':>7} {'KL':>8} {'ESS':>6} {'outside clip':>12}")
     print(header)
-    for run in args.runs:
+
+    def show(name: str, row: dict) -> None:
+        print(f"{name:<44} {row['bucket']:>7} {row['age_mean']:>8.1f} {row['trajectories']:>6} {row['in_buffer']:>9} "
+              f"{row['tokens']:>7} {row['success']:>7.3f} {row['kl']:>8.4f} {row['ess']:>6.3f} "
+              f"{row['outside_clip']:>12.3f}", flush=True)
+
+    for row in out:
+        show("/".join(Path(row["checkpoint"]).parts[-3:]), row)
+    for run in [] if args.rows else args.runs:
         ckpt = checkpoint_of(run)
-        name = "/".join(ckpt.parts[-3:])
         for row in drift(ckpt, args.per_bucket, args.seed, args.micro_batch):
             out.append({"checkpoint": str(ckpt), **row})
-            print(f"{name:<44} {row['bucket']:>7} {row['age_mean']:>8.1f} {row['trajectories']:>6} {row['in_buffer']:>9} "
-                  f"{row['tokens']:>7} {row['success']:>7.3f} {row['kl']:>8.4f} {row['ess']:>6.3f} "
-                  f"{row['outside_clip']:>12.3f}", flush=True)
+            show("/".join(ckpt.parts[-3:]), row)
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in out))
     if args.by_setting:
         print()
         print(by_setting(out))
+    if args.plot:
+        plot(out, args.plot)
+        print(f"plot: {args.plot}")
     return 0
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Mean over a setting's runs (95% interval) of each drift measure against the bucket's mean age."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from learner.report import seed_interval
+
+    groups: dict[str, dict[str, list[dict]]] = {}
+    for r in rows:
+        groups.setdefault(setting_of(r["checkpoint"]), {}).setdefault(r["bucket"], []).append(r)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for k, (setting, buckets) in enumerate(sorted(groups.items())):
+        order = sorted(buckets.values(), key=lambda rs: rs[0]["age_mean"])
+        ages = [float(np.mean([r["age_mean"] for r in rs])) for rs in order]
+        for ax, key in zip(axes, ("kl", "ess", "outside_clip")):
+            vals = [[r[key] for r in rs] for rs in order]
+            mean = [float(np.mean(v)) for v in vals]
+            lo_hi = [seed_interval(v) for v in vals]
+            ax.plot(ages, mean, "o-", color=f"C{k}", label=f"{setting} ({max(len(v) for v in vals)} runs)")
+            ax.fill_between(ages, [a for a, _ in lo_hi], [b for _, b in lo_hi], color=f"C{k}", alpha=0.12)
+    for ax, title in zip(axes, ("KL(behaviour || now) per sampled token", "token IS effective sample size (normalised)",
+                                "share of tokens outside the clip |w - 1| > 0.2")):
+        ax.set_xscale("log")
+        ax.set_xlabel("age of the stored trajectory (optimizer steps)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("How far the policy has moved from the data in its replay buffer, by the data's age")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def setting_of(checkpoint: str) -> str:

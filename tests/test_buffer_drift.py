@@ -36,11 +36,16 @@ def test_buffer_drift_is_zero_for_an_unmoved_policy_and_grows_with_the_learning_
     assert all(abs(r["kl"]) < 1e-4 and r["ess"] > 0.9999 and r["outside_clip"] == 0.0 for r in still)
     moved = mod.drift(mod.checkpoint_of(tmp_path / "moved"), per_bucket=100, seed=0, micro_batch=64)
     assert max(r["kl"] for r in moved) > 1e-3 and min(r["ess"] for r in moved) < 0.999
-    assert mod.main([str(tmp_path / "moved"), "--per-bucket", "2", "--by-setting"]) == 0
+    assert mod.main([str(tmp_path / "moved"), "--per-bucket", "2", "--by-setting", "--plot", str(tmp_path / "d.png"),
+                     "--json", str(tmp_path / "d.jsonl")]) == 0
+    assert (tmp_path / "d.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "moved/checkpoints/iter_000004" in out and "outside clip" in out
-    summary = out.split("setting ")[1].splitlines()[1:]
+    summary = out.split("setting ")[1].split("plot: ")[0].strip().splitlines()[1:]
     assert len(summary) == 3 and all(line.split()[:3] == ["moved", b, "1"] for line, b in zip(summary, ("0-3", "4-7", "8-15")))
+    # the same tables again from the written rows, without scoring anything
+    assert mod.main(["--rows", str(tmp_path / "d.jsonl"), "--by-setting"]) == 0
+    assert capsys.readouterr().out.split("setting ")[1].strip().splitlines()[1:] == summary
     assert mod.setting_of("runs/x/fresh_tau2_s13/checkpoints/iter_000100") == "fresh_tau2"
     with pytest.raises(SystemExit, match="neither a checkpoint"):
         mod.main([str(tmp_path / "missing")])
