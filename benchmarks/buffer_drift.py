@@ -53,6 +53,7 @@ def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict
 
     from agents.policy import Policy
     from learner.batch import batch_logprobs, make_batches
+    from learner.loss import effective_sample_size
     from learner.state import REPLAY_FILE, TrajectoryCodec
     from replay.buffer import ReplayBuffer
 
@@ -84,7 +85,7 @@ def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict
         rows.append({"bucket": bucket_name(b), "age_mean": float(ages[idx].mean()), "trajectories": int(idx.size),
                      "in_buffer": int((which == b).sum()), "tokens": int(gap.numel()),
                      "success": float(np.mean([t.success for t in trajs])), "kl": float(gap.mean()),
-                     "ess": float(w.sum() ** 2 / (w.numel() * (w * w).sum())),
+                     "ess": effective_sample_size(w),
                      "outside_clip": float(((w - 1).abs() > 0.2).double().mean())})
     return rows
 
@@ -109,11 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = []
     if args.rows:
-        import gzip
+        from learner.report import read_metrics  # JSON lines; "x.jsonl" is read from "x.jsonl.gz" when archived
 
-        opener = gzip.open if args.rows.suffix == ".gz" else open
-        with opener(args.rows, "rt", encoding="utf-8") as fh:
-            out = [json.loads(line) for line in fh if line.strip()]
+        out = read_metrics(args.rows.with_suffix("") if args.rows.suffix == ".gz" else args.rows)
     elif not args.runs:
         parser.error("give run or checkpoint folders, or --rows")
     header = (f"{'checkpoint':<44} {'age':>7} {'mean age':>8} {'scored':>6} {'in buffer':>9} {'tokens':>7} "
@@ -153,12 +152,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     from learner.report import seed_interval
 
-    groups: dict[str, dict[str, list[dict]]] = {}
-    for r in rows:
-        groups.setdefault(setting_of(r["checkpoint"]), {}).setdefault(r["bucket"], []).append(r)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for k, (setting, buckets) in enumerate(sorted(groups.items())):
-        order = sorted(buckets.values(), key=lambda rs: rs[0]["age_mean"])
+    for k, (setting, buckets) in enumerate(grouped(rows).items()):
+        order = list(buckets.values())
         ages = [float(np.mean([r["age_mean"] for r in rs])) for rs in order]
         for ax, key in zip(axes, ("kl", "ess", "outside_clip")):
             vals = [[r[key] for r in rs] for rs in order]
@@ -187,16 +183,21 @@ def setting_of(checkpoint: str) -> str:
     return re.sub(r"_s\d+$", "", run)
 
 
+def grouped(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """The rows per setting (sorted) and age bucket (youngest first)."""
+    order = {bucket_name(i): i for i in range(len(EDGES))}
+    groups: dict[str, dict[str, list[dict]]] = {}
+    for r in sorted(rows, key=lambda r: (setting_of(r["checkpoint"]), order[r["bucket"]])):
+        groups.setdefault(setting_of(r["checkpoint"]), {}).setdefault(r["bucket"], []).append(r)
+    return groups
+
+
 def by_setting(rows: list[dict]) -> str:
     """Mean [95% CI over runs] of KL, ESS and the share outside the clip per setting and age bucket."""
     from learner.report import seed_interval
 
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
-        groups.setdefault((setting_of(r["checkpoint"]), r["bucket"]), []).append(r)
-    order = {bucket_name(i): i for i in range(len(EDGES))}
     lines = [f"{'setting':<20} {'age':>7} {'runs':>4} {'KL [95% CI]':>26} {'ESS [95% CI]':>24} {'outside clip [95% CI]':>24}"]
-    for (setting, bucket), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
+    for setting, bucket, rs in ((s, b, rs) for s, buckets in grouped(rows).items() for b, rs in buckets.items()):
         cells = []
         for key, fmt in (("kl", "{:.4f}"), ("ess", "{:.3f}"), ("outside_clip", "{:.3f}")):
             vals = [r[key] for r in rs]

@@ -158,12 +158,12 @@ def _pair_cells(a: dict[int, RunResult], b: dict[int, RunResult]) -> str:
     for key in ("final", "curve_mean"):
         d = [x for x in _paired(a, b, key) if math.isfinite(x)]
         cells.append(f"{_ci(d)} ({sum(x > 0 for x in d)} of {len(d)} ahead)" if d else "n/a")
-    return f"| {len(_paired(a, b))} | {cells[0]} | {cells[1]} |"
+    return f"| {sum(s in b for s in a)} | {cells[0]} | {cells[1]} |"
 
 
 def pair_lines(label: str, pairs: list[tuple[str, dict[int, RunResult], dict[int, RunResult]]]) -> list[str]:
     """A table of paired differences (same seeds) of the final and the curve-mean scores."""
-    rows = [f"| {name} " + _pair_cells(a, b) for name, a, b in pairs if _paired(a, b)]
+    rows = [f"| {name} " + _pair_cells(a, b) for name, a, b in pairs if set(a) & set(b)]
     if not rows:
         return []
     return [label, "", "| pair (A - B) | seeds | final: A - B | curve mean: A - B |", "|---|---|---|---|", *rows, ""]
