@@ -83,7 +83,7 @@ class Config:
     seed: int = 0
     """seed of everything (model init, pretraining, tasks, sampling, replay)"""
     device: str = "cpu"
-    """torch device for the policy"""
+    """torch device of the policy, its pretraining and its updates: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)"""
     threads: int | None = None
     """torch intra-op threads for rollouts and evaluations (default: agents.policy's, 1 on <= 2 CPUs)"""
     update_threads: int | None = None
@@ -305,6 +305,9 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
 
 def validate(cfg: Config) -> None:
     """Raise ValueError on settings that cannot work, saying which flag to change."""
+    from agents.policy import resolve_device
+
+    resolve_device(cfg.device)
     window = cfg.context.split(":", 1)
     checks = [
         (cfg.replay in ("none", "fresh", "per", "uniform"), f"--replay must be none|fresh|per|uniform, got {cfg.replay!r}"),
@@ -476,9 +479,10 @@ def environment_record() -> dict[str, Any]:
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
-def record_environment(run_dir: Path, rollout_threads: int, update_threads: int, resumed_at: int | None) -> None:
+def record_environment(run_dir: Path, rollout_threads: int, update_threads: int, resumed_at: int | None,
+                       device: str = "cpu") -> None:
     """Append this start's environment to ``<run>/environment.json`` (a list: the first start,
-    then one entry per resume)."""
+    then one entry per resume), with the torch device the policy ran on (and the GPU's name)."""
     path = run_dir / "environment.json"
     try:
         entries = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
@@ -487,7 +491,10 @@ def record_environment(run_dir: Path, rollout_threads: int, update_threads: int,
     except (OSError, json.JSONDecodeError):  # an unreadable record is replaced, never fatal
         entries = []
     entries.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_at_iteration": resumed_at,
-                    "rollout_threads": rollout_threads, "update_threads": update_threads, **environment_record()})
+                    "rollout_threads": rollout_threads, "update_threads": update_threads, **environment_record(),
+                    "device": device})
+    if device.startswith("cuda"):
+        entries[-1]["gpu"] = torch.cuda.get_device_name(torch.device(device))
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(entries, indent=1), encoding="utf-8")
     os.replace(tmp, path)
@@ -545,7 +552,7 @@ def setup(cfg: Config) -> Run:
             with torch_threads(update_threads):
                 model_path, start_report = pretrained_default(cfg.env_id, cfg.env_kwargs, pretrain_config(cfg),
                                                               seed=cfg.seed, micro_batch=cfg.micro_batch,
-                                                              progress=cfg.progress)
+                                                              progress=cfg.progress, device=cfg.device)
         elif cfg.model is None:
             from agents.tiny import build_tiny_model
 
@@ -569,7 +576,7 @@ def setup(cfg: Config) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
         record_environment(run_dir, torch.get_num_threads(), update_threads,
-                           None if resume is None else int(manifest["iteration"]))
+                           None if resume is None else int(manifest["iteration"]), str(policy.device))
         metrics = MetricsLogger(run_dir, cfg.tensorboard,
                                 resume_iteration=None if resume is None else int(manifest["iteration"]))
         collector = build_collector(policy, model_path, training, seed=cfg.seed, workers=cfg.rollout_workers,

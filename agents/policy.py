@@ -93,6 +93,29 @@ def apply_position_layout(model) -> None:
     inner.get_rope_index = flat_rope_index
 
 
+def resolve_device(name: str | torch.device) -> torch.device:
+    """The torch device a ``--device`` setting names: ``auto`` is the first CUDA device where
+    torch sees one, else the CPU; a device this torch cannot use is a clear error here, not a
+    crash at the first tensor."""
+    if isinstance(name, torch.device):
+        return name
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device must be cpu, cuda, cuda:N or auto, got {name!r}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device; "
+                             "use --device cpu (or auto, which falls back to the CPU)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"--device must be cpu, cuda, cuda:N or auto, got {name!r}")
+    return device
+
+
 class Policy:
     """A language or vision-language model plus tokenizer (and processor for VLMs)."""
 
@@ -143,6 +166,10 @@ class Policy:
         recognised by their config (a ``vision_config``), text models load with
         ``AutoModelForCausalLM``.
         """
+        # Recent transformers swap layers for kernels fetched from the hub when a model loads on
+        # a GPU: off unless asked for (USE_HUB_KERNELS=YES), so nothing is downloaded at run time
+        # and the sampler and the learner run the same code.
+        os.environ.setdefault("USE_HUB_KERNELS", "NO")
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         path_str = str(path)
@@ -163,7 +190,7 @@ class Policy:
             model = AutoModelForCausalLM.from_pretrained(path_str, dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(path_str)
             processor = None
-        model.to(device)
+        model.to(resolve_device(device))
         model.eval()
         return cls(model, tokenizer, processor, name=path_str)
 

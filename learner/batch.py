@@ -47,6 +47,14 @@ class Batch:
         """Tokens of every sequence, prompts included (the learner's work)."""
         return sum(len(s.token_ids) for s in self.samples)
 
+    def to(self, device: torch.device | str) -> "Batch":
+        """The batch with its tensors on ``device`` (the policy's); itself when they are there."""
+        device = torch.device(device)
+        if self.mask.device == device:
+            return self
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
+                                            ("mask", "behavior_logprobs", "advantages", "weights", "ages")})
+
 
 def pad_rows(rows: Sequence[np.ndarray], width: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Right-pad 1-D arrays with zeros into a ``[len(rows), width]`` tensor."""
@@ -137,4 +145,5 @@ def batch_logprobs(policy, batch: Batch, temperature: float = 1.0) -> torch.Tens
     the shared-prefix pass of :mod:`learner.prefix` (differentiable)."""
     from learner.prefix import sampled_logprobs
 
-    return masked(sampled_logprobs(policy, batch.samples, batch.images, temperature), batch.mask)
+    lp = sampled_logprobs(policy, batch.samples, batch.images, temperature)
+    return masked(lp, batch.mask.to(lp.device))

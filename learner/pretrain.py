@@ -311,13 +311,13 @@ def random_play_digest(env_id: str, env_kwargs: dict[str, Any] | None, turns: in
 
 def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
                        cache_dir: str | os.PathLike | None = None, micro_batch: int = 256,
-                       progress: bool = False) -> tuple[Path, dict[str, Any]]:
+                       progress: bool = False, device: str = "cpu") -> tuple[Path, dict[str, Any]]:
     """The embedded tiny model of the task's modality, pretrained on ``env_id``'s transitions.
 
     Built once and cached (written to a temporary folder and renamed, like the tiny model);
     returns the model folder and its pretraining report (``cached`` says whether it was reused).
     A time cap (``cfg.seconds``) makes the result depend on the machine, so capped runs are
-    not cached.
+    not cached. ``device``: where the pretraining runs (the cached folder does not depend on it).
     """
     import envs
     from agents.tiny import build_tiny_model, cache_lock, default_cache_dir
@@ -332,15 +332,16 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
         if (target / MARKER).exists():
             report = json.loads((target / MARKER).read_text(encoding="utf-8"))
             return target, {**report, "cached": True}
-        return _build(base, target, root, task, env_id, env_kwargs, cfg, seed, micro_batch, progress)
+        return _build(base, target, root, task, env_id, env_kwargs, cfg, seed, micro_batch, progress, device)
 
 
 def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwargs: dict[str, Any] | None,
-           cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool) -> tuple[Path, dict[str, Any]]:
+           cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool,
+           device: str = "cpu") -> tuple[Path, dict[str, Any]]:
     from agents.policy import Policy
     from agents.tiny import staged_folder
 
-    policy = Policy.from_pretrained(base)
+    policy = Policy.from_pretrained(base, device=device)
     torch.manual_seed(seed)
     report = pretrain(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress)
     if cfg.seconds is not None:  # machine-dependent: keep it in a folder that is not reused

@@ -116,7 +116,7 @@ class TrainerState:
         rate and Adam betas, which the saved optimizer would otherwise bring back (the moments
         already kept stay)."""
         try:
-            saved = torch.load(folder / TRAINER_FILE, weights_only=True)
+            saved = torch.load(folder / TRAINER_FILE, weights_only=True, map_location="cpu")
             self.optimizer.load_state_dict(saved["optimizer"])
             self.scheduler.load_state_dict(saved["scheduler"])
             self.counters = Counters(**saved["state"])

@@ -38,6 +38,7 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     policy.model.train()
     stats, total_loss, gap, seq_tokens = LossStats(), 0.0, 0.0, 0
     for batch in batches:
+        batch = batch.to(policy.device)
         logp = batch_logprobs(policy, batch, temperature)
         mu = batch.behavior_logprobs
         if on_policy:
@@ -88,7 +89,7 @@ def supervised_step(policy, optimizer, samples: Sequence, images: Sequence[Seque
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for batch in supervised_batches(samples, images, micro_batch):
-        loss = -batch_logprobs(policy, batch).sum() / batch.num_tokens
+        loss = -batch_logprobs(policy, batch.to(policy.device)).sum() / batch.num_tokens
         loss.backward()
         total += float(loss.item())
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_grad_norm)
@@ -103,6 +104,7 @@ def nll_per_sample(policy, samples: Sequence, images: Sequence[Sequence[np.ndarr
     """Mean negative log-likelihood per target token of each sample."""
     out: list[float] = []
     for batch in supervised_batches(samples, images, micro_batch):
+        batch = batch.to(policy.device)
         lp = batch_logprobs(policy, batch)
         out.extend((-lp.sum(1) / batch.mask.sum(1).clamp(min=1)).tolist())
     return np.asarray(out)

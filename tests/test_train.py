@@ -205,6 +205,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert [e["resumed_at_iteration"] for e in env_split] == [None, 2]
     assert env_split[1]["packages"]["torch"] == torch.__version__.split("+")[0]
     assert env_split[1]["packages"]["transformers"] and env_split[1]["update_threads"] >= 1
+    assert env_split[1]["device"] == "cpu" and "gpu" not in env_split[1]
     # Side-by-side comparison of finished runs (python -m learner.report).
     final = json.loads((whole / "summary.json").read_text())["evals"]["final"]["success"]
     text = compare_runs({"a": [whole], "b": [whole, split]}, tmp_path / "cmp.png", window=2)
@@ -516,6 +517,15 @@ def test_bad_settings_are_refused_before_any_work_naming_the_flag(flags, name, c
         train.parse_config(flags)
     assert train.main(flags) == 2
     assert name in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x"] + ([] if torch.cuda.is_available() else ["cuda", "cuda:0"]))
+def test_a_device_torch_cannot_use_is_refused_before_any_work(device, capsys) -> None:
+    with pytest.raises(ValueError, match="--device"):
+        train.parse_config(["--device", device])
+    assert train.main(["--device", device]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert train.parse_config(["--device", "auto"]).device == "auto"  # auto always resolves (CPU without CUDA)
 
 
 def test_yaml_values_of_the_wrong_type_are_refused_naming_the_flag(tmp_path: Path) -> None:
