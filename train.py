@@ -192,7 +192,11 @@ class Config:
     tau: float | str = 10.0
     """freshness decay in optimizer steps (sampling half-life tau ln2 / alpha); 'auto': set online from the measured policy drift so replayed tokens keep --tau-target-ess (starting at 10)"""
     tau_target_ess: float = 0.9
-    """with --tau auto: the IS effective sample size (per token, normalised) replayed data should keep"""
+    """with --tau auto --tau-signal ess: the IS effective sample size (per token, normalised) replayed data should keep"""
+    tau_signal: str = "ess"
+    """with --tau auto: what tau keeps at its target, 'ess' (--tau-target-ess) or 'clip': the share of replayed tokens outside the clip range (--tau-target-clip)"""
+    tau_target_clip: float = 0.05
+    """with --tau auto --tau-signal clip: the share of replayed tokens whose ratio may lie outside the clip range"""
     beta: float = 0.4
     """initial IS-correction exponent, annealed linearly to beta_final"""
     beta_final: float = 1.0
@@ -255,7 +259,7 @@ class Config:
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
                     "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
-                    "priority_eps", "alpha", "tau", "tau_target_ess", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
+                    "priority_eps", "alpha", "tau", "tau_target_ess", "tau_signal", "tau_target_clip", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
 
 
 # -- config: CLI and YAML (the generic part is learner/cli.py) ---------------------------------
@@ -352,6 +356,8 @@ def validate(cfg: Config) -> None:
         (cfg.tau == "auto" or (isinstance(cfg.tau, (int, float)) and math.isfinite(cfg.tau) and cfg.tau > 0),
          f"--tau must be a positive number or 'auto', got {cfg.tau!r}"),
         (0.0 < cfg.tau_target_ess < 1.0, "--tau-target-ess must be in (0, 1)"),
+        (cfg.tau_signal in ("ess", "clip"), f"--tau-signal must be ess|clip, got {cfg.tau_signal!r}"),
+        (0.0 < cfg.tau_target_clip < 1.0, "--tau-target-clip must be in (0, 1)"),
         (cfg.tau != "auto" or cfg.replay == "fresh", "--tau auto needs --replay fresh"),
         (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.alpha >= 0),
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
@@ -567,7 +573,8 @@ def setup(cfg: Config) -> Run:
         auto_tau = cfg.tau == "auto"
         replay = ReplaySettings(cfg.replay, cfg.buffer_capacity, cfg.alpha, 10.0 if auto_tau else float(cfg.tau),
                                 cfg.beta, cfg.beta_final, cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed,
-                                auto_tau=auto_tau, target_ess=cfg.tau_target_ess, is_weights=cfg.is_weights)
+                                auto_tau=auto_tau, target_ess=cfg.tau_target_ess, is_weights=cfg.is_weights,
+                                tau_signal=cfg.tau_signal, target_clip=cfg.tau_target_clip)
         state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay,
                              (cfg.adam_beta1, cfg.adam_beta2))
         if resume is not None:
@@ -734,7 +741,8 @@ def iteration(run: Run) -> dict[str, Any]:
         batch = buffer.sample(min(cfg.replay_batch or cfg.tasks_per_iter * cfg.group_size, len(buffer)), step=c.global_step)
         replays.append(update(run, list(batch.items), batch.weights, batch.ages, on_policy=False))
         c.global_step += int(not replays[-1]["skipped"])
-        if run.state.tau_controller is not None and run.state.tau_controller.observe(replays[-1].get("drift_per_step")):
+        if run.state.tau_controller is not None and run.state.tau_controller.observe(
+                replays[-1].get(run.state.tau_controller.metric)):
             buffer.set_tau(run.state.tau_controller.tau)
     t3 = time.monotonic()
     publish = getattr(run.collector, "publish", None)  # rollout workers / engines take the new weights

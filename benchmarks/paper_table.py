@@ -62,6 +62,7 @@ ABLATIONS = {
     "tau2": ["--tau", "2"], "tau5": ["--tau", "5"], "tau40": ["--tau", "40"], "tau160": ["--tau", "160"],
     "tauauto": ["--tau", "auto"],
     "tauauto98": ["--tau", "auto", "--tau-target-ess", "0.98"],  # a stricter drift budget
+    "tauautoclip": ["--tau", "auto", "--tau-signal", "clip"],  # steered by the clipped share (target 5%)
     "advantage": ["--priority", "advantage"],
     "k2": ["--replay-ratio", "2"],
     "classical": ["--is-weights", "classical"],

@@ -118,7 +118,8 @@ def grpo_loss(
 
     stats = LossStats()
     on = mask > 0
-    stats.add_ratios(ratio.detach()[on], None if ages is None else ages.to(logp.dtype)[:, None].expand_as(logp)[on])
+    stats.add_ratios(ratio.detach()[on], None if ages is None else ages.to(logp.dtype)[:, None].expand_as(logp)[on],
+                     clip=(cfg.clip_low, cfg.clip_high))
     stats.clipped = float((clip_active * mask).sum().item())
     stats.kl_sum = kl_value * stats.tokens
     return loss, stats
@@ -128,7 +129,8 @@ class LossStats:
     """Statistics of :func:`grpo_loss` kept as sums over sampled tokens, so the statistics of
     micro-batches :meth:`merge` into exactly those of the whole batch. Read them with
     ``stats["clip_frac"]`` etc. or :meth:`summary` (ratio mean/max/min, clip fraction, KL,
-    token count, and the normalised IS ESS overall and per age bucket, ``ess/age_<bucket>``)."""
+    token count, and the normalised IS ESS overall and per age bucket, ``ess/age_<bucket>``, with
+    the share of each bucket's tokens outside the clip range, ``clip_out/age_<bucket>``)."""
 
     def __init__(self) -> None:
         self.tokens = 0.0
@@ -136,10 +138,13 @@ class LossStats:
         self.kl_sum = 0.0
         self.ratio_sum = self.ratio_sq = 0.0
         self.ratio_max, self.ratio_min = float("-inf"), float("inf")
-        self.buckets: dict[str, list[float]] = {}  # name -> [n, sum, sum of squares]
+        # name -> [n, sum, sum of squares, sum of ages, tokens outside the clip range]
+        self.buckets: dict[str, list[float]] = {}
 
-    def add_ratios(self, ratios: torch.Tensor, ages: torch.Tensor | None = None) -> None:
-        """Account sampled-token ratios (1-D) and, optionally, each one's age."""
+    def add_ratios(self, ratios: torch.Tensor, ages: torch.Tensor | None = None,
+                   clip: tuple[float, float] | None = None) -> None:
+        """Account sampled-token ratios (1-D) and, optionally, each one's age; with ``clip``
+        (low, high), also how many lie outside ``[1 - low, 1 + high]`` per age bucket."""
         r = ratios.reshape(-1).double()
         if r.numel() == 0:
             return
@@ -154,11 +159,13 @@ class LossStats:
                 inside = (ages >= lo) & (ages <= hi)
                 sel = r[inside]
                 if sel.numel():
-                    b = self.buckets.setdefault(age_bucket_name(lo, hi), [0.0, 0.0, 0.0, 0.0])
+                    b = self.buckets.setdefault(age_bucket_name(lo, hi), [0.0] * 5)
                     b[0] += sel.numel()
                     b[1] += float(sel.sum())
                     b[2] += float((sel * sel).sum())
                     b[3] += float(ages[inside].double().sum())
+                    if clip is not None:
+                        b[4] += float(((sel < 1.0 - clip[0]) | (sel > 1.0 + clip[1])).sum())
 
     def merge(self, other: "LossStats") -> "LossStats":
         """Add another micro-batch's statistics into this one; returns self."""
@@ -169,7 +176,7 @@ class LossStats:
         self.ratio_sq += other.ratio_sq
         self.ratio_max, self.ratio_min = max(self.ratio_max, other.ratio_max), min(self.ratio_min, other.ratio_min)
         for name, values in other.buckets.items():
-            b = self.buckets.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            b = self.buckets.setdefault(name, [0.0] * 5)
             for k, v in enumerate(values):
                 b[k] += v
         return self
@@ -179,13 +186,21 @@ class LossStats:
         ``ESS(age) = exp(-c age)``, fitted through the per-bucket ESS of tokens older than 0
         (``-ln ESS_b / mean age_b``, weighted by tokens). None without such tokens."""
         num = den = 0.0
-        for n, s1, s2, age_sum in self.buckets.values():
+        for n, s1, s2, age_sum, _ in self.buckets.values():
             if n == 0 or age_sum <= 0:
                 continue
             ess = max(_ess(n, s1, s2), 1e-12)
             num += n * (-math.log(min(ess, 1.0)))
             den += age_sum
         return num / den if den > 0 else None
+
+    def clip_drift_rate(self) -> float | None:
+        """How fast replayed data leaves the clip range, per optimizer step of age: ``q`` in the
+        model ``P(|rho - 1| beyond the clip | age) = q age``, fitted through the tokens older
+        than 0 (tokens outside / sum of their ages). None without such tokens."""
+        outside = sum(b[4] for b in self.buckets.values() if b[3] > 0)
+        ages = sum(b[3] for b in self.buckets.values() if b[3] > 0)
+        return outside / ages if ages > 0 else None
 
     def summary(self) -> dict[str, float]:
         if self.tokens == 0:
@@ -197,6 +212,7 @@ class LossStats:
             name = age_bucket_name(lo, hi)
             if name in self.buckets:
                 out[f"ess/age_{name}"] = _ess(*self.buckets[name][:3])
+                out[f"clip_out/age_{name}"] = self.buckets[name][4] / self.buckets[name][0]
         out.update(clip_frac=self.clipped / self.tokens, kl=self.kl_sum / self.tokens, tokens=self.tokens)
         return out
 

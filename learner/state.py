@@ -63,6 +63,8 @@ class ReplaySettings:
     seed: int = 0
     auto_tau: bool = False  # set tau online (learner.autotau); ``tau`` is then the starting value
     target_ess: float = 0.9
+    tau_signal: str = "ess"  # what auto tau keeps at its target: "ess" or "clip" (learner.autotau)
+    target_clip: float = 0.05
     is_weights: str = "base"  # "base" or "classical" ((N P)^-beta over the buffer)
 
     def build(self):
@@ -92,7 +94,8 @@ class TrainerState:
         if replay.auto_tau and self.buffer is not None:
             from learner.autotau import TauController
 
-            self.tau_controller = TauController(alpha=replay.alpha, target_ess=replay.target_ess, tau=replay.tau)
+            self.tau_controller = TauController(alpha=replay.alpha, target_ess=replay.target_ess, tau=replay.tau,
+                                                signal=replay.tau_signal, target_clip=replay.target_clip)
 
     def set_lr(self, lr: float) -> None:
         """Make ``lr`` the learning rate from now on (optimizer and schedule agree)."""

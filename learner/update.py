@@ -74,6 +74,9 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     drift = stats.drift_rate()
     if drift is not None:
         out["drift_per_step"] = drift
+    clip_drift = stats.clip_drift_rate()
+    if clip_drift is not None:
+        out["clip_drift_per_step"] = clip_drift
     out.update(loss=total_loss, grad_norm=float(grad_norm), seq_tokens=float(seq_tokens), skipped=0.0,
                weight_mean=float(np.mean(weights)) if len(weights) else 1.0)
     if on_policy:
