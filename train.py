@@ -65,10 +65,10 @@ from learner.state import ReplaySettings, TrainerState  # noqa: E402
 
 logger = logging.getLogger("train")
 
-#: RL iterations of the default run (``python train.py``): 8 of 10 as-shipped runs (seeds 0-4 on
-#: two machines) reach 0.60 held-out success with a safe-move probe of 0.75; ~11.5 minutes on 2 idle CPU cores with the pretraining,
-#: ~9 once it is cached (docs/training.md).
-DEFAULT_ITERATIONS = 400
+#: RL iterations of the default run (``python train.py``): with two replay updates per iteration
+#: the delivered policy meets 0.60 held-out success and a 0.75 safe-move probe on 5 of 5 seeds
+#: on 2 CPU cores and 4 of 5 on a GPU after 200 (docs/training.md, "Two hundred iterations").
+DEFAULT_ITERATIONS = 200
 
 
 @dataclass
@@ -131,7 +131,7 @@ class Config:
     group_size: int = 8
     """G: rollouts per task, the GRPO group"""
     iterations: int | None = None
-    """stop after this many iterations; if neither this nor --time-budget is set: 400"""
+    """stop after this many iterations; if neither this nor --time-budget is set: 200"""
     time_budget: float | None = None
     """stop the RL phase after this many seconds"""
     advantage: str = "episode"
