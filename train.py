@@ -34,15 +34,40 @@ from typing import Any, Sequence
 import numpy as np
 
 
+def busy_cores(seconds: float = 0.3) -> float | None:
+    """How many cores other work keeps busy right now: the machine's non-idle CPU time over a
+    short window (``/proc/stat``), in cores. None where there is no ``/proc/stat``."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="utf-8") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+        return sum(values), values[3] + (values[4] if len(values) > 4 else 0)  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+
+
 def default_omp_wait_policy() -> str:
     """How idle OpenMP threads wait, chosen once at start (torch reads it when it loads).
 
     Spinning (``ACTIVE``) makes the tiny model's updates and pretraining ~1.5x faster than
     sleeping on an otherwise idle machine, but ~1.7x slower than sleeping when another process
     keeps a core busy (measured, docs/performance_train.md). So: ``ACTIVE`` when the machine is
-    idle at start (1-minute load average below 0.5), else ``PASSIVE``. ``OMP_WAIT_POLICY`` in
-    the environment wins; ``benchmarks/sweep.py`` sets ``PASSIVE`` for runs side by side.
+    idle at start, else ``PASSIVE``. Idle is measured now, over 0.3 s (under half a core busy):
+    the 1-minute load average, the fallback where ``/proc/stat`` is missing, stays high for
+    minutes after work that has ended, such as ``make``'s own set-up or a test run just before.
+    ``OMP_WAIT_POLICY`` in the environment wins; ``benchmarks/sweep.py`` sets ``PASSIVE`` for
+    runs side by side.
     """
+    busy = busy_cores()
+    if busy is not None:
+        return "ACTIVE" if busy < 0.5 else "PASSIVE"
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average on this platform: the safe choice
@@ -50,7 +75,8 @@ def default_omp_wait_policy() -> str:
     return "ACTIVE" if load < 0.5 else "PASSIVE"
 
 
-os.environ.setdefault("OMP_WAIT_POLICY", default_omp_wait_policy())
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = default_omp_wait_policy()
 import torch  # noqa: E402
 import yaml  # noqa: E402
 

@@ -559,6 +559,35 @@ def test_openmp_threads_spin_only_when_the_machine_is_idle_at_start(monkeypatch)
             return (value, value, value)
         return getloadavg
 
+    # what other work keeps busy now decides, whatever the load average says (it stays high for
+    # minutes after make's set-up or a test run has ended)
+    monkeypatch.setattr(train_module.os, "getloadavg", load(1.9))
+    for busy, policy in ((0.0, "ACTIVE"), (0.3, "ACTIVE"), (0.7, "PASSIVE"), (1.8, "PASSIVE")):
+        monkeypatch.setattr(train_module, "busy_cores", lambda busy=busy: busy)
+        assert train_module.default_omp_wait_policy() == policy
+    # without /proc/stat, the load average
+    monkeypatch.setattr(train_module, "busy_cores", lambda: None)
     for value, policy in ((0.1, "ACTIVE"), (0.6, "PASSIVE"), (1.9, "PASSIVE"), (None, "PASSIVE")):
         monkeypatch.setattr(train_module.os, "getloadavg", load(value))
         assert train_module.default_omp_wait_policy() == policy
+
+
+def test_busy_cores_sees_a_process_that_keeps_a_core_busy() -> None:
+    import subprocess
+    import sys
+
+    import train as train_module
+
+    idle = train_module.busy_cores(0.3)
+    if idle is None:
+        pytest.skip("no /proc/stat here")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        busy = train_module.busy_cores(0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy is not None and busy > 0.6 and busy > idle
