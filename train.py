@@ -34,23 +34,31 @@ from typing import Any, Sequence
 import numpy as np
 
 
-def busy_cores(seconds: float = 0.3) -> float | None:
+def busy_cores(seconds: float = 0.5) -> float | None:
     """How many cores other work keeps busy right now: the machine's non-idle CPU time over a
-    short window (``/proc/stat``), in cores. None where there is no ``/proc/stat``."""
+    short window (``/proc/stat``), less this process's own, in cores. None where there is no
+    ``/proc/stat``."""
     def sample() -> tuple[int, int]:
         with open("/proc/stat", encoding="utf-8") as fh:
             values = [int(v) for v in fh.readline().split()[1:]]
         return sum(values), values[3] + (values[4] if len(values) > 4 else 0)  # total, idle + iowait
 
     try:
+        own0, wall0 = time.process_time(), time.monotonic()
         total0, idle0 = sample()
         time.sleep(seconds)
         total1, idle1 = sample()
+        own1, wall1 = time.process_time(), time.monotonic()
     except (OSError, ValueError, IndexError):
         return None
     if total1 <= total0:
         return None
-    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+    machine = (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+    return max(0.0, machine - (own1 - own0) / max(wall1 - wall0, 1e-9))
+
+
+#: What :func:`busy_cores` measured when this module chose the wait policy (environment.json).
+BUSY_CORES_AT_START: float | None = None
 
 
 def default_omp_wait_policy() -> str:
@@ -59,13 +67,14 @@ def default_omp_wait_policy() -> str:
     Spinning (``ACTIVE``) makes the tiny model's updates and pretraining ~1.5x faster than
     sleeping on an otherwise idle machine, but ~1.7x slower than sleeping when another process
     keeps a core busy (measured, docs/performance_train.md). So: ``ACTIVE`` when the machine is
-    idle at start, else ``PASSIVE``. Idle is measured now, over 0.3 s (under half a core busy):
+    idle at start, else ``PASSIVE``. Idle is measured now, over 0.5 s (under half a core busy):
     the 1-minute load average, the fallback where ``/proc/stat`` is missing, stays high for
     minutes after work that has ended, such as ``make``'s own set-up or a test run just before.
     ``OMP_WAIT_POLICY`` in the environment wins; ``benchmarks/sweep.py`` sets ``PASSIVE`` for
     runs side by side.
     """
-    busy = busy_cores()
+    global BUSY_CORES_AT_START
+    busy = BUSY_CORES_AT_START = busy_cores()
     if busy is not None:
         return "ACTIVE" if busy < 0.5 else "PASSIVE"
     try:
@@ -508,7 +517,8 @@ def environment_record() -> dict[str, Any]:
         pass
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
             "cpus": available_cpus(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "packages": versions,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "busy_cores_at_start": None if BUSY_CORES_AT_START is None else round(BUSY_CORES_AT_START, 3)}
 
 
 def record_environment(run_dir: Path, rollout_threads: int, update_threads: int, resumed_at: int | None,
