@@ -104,6 +104,10 @@ logger = logging.getLogger("train")
 #: the delivered policy meets 0.60 held-out success and a 0.75 safe-move probe on 5 of 5 seeds
 #: on 2 CPU cores and 4 of 5 on a GPU after 200 (docs/training.md, "Two hundred iterations").
 DEFAULT_ITERATIONS = 200
+#: The default pretraining goes on past its 400 steps until the model writes this share of
+#: held-out next boards exactly: most seeds pass 0.80 at 400 steps, a few stall near 0.1 there
+#: (docs/training.md, "Pretraining until the model writes the next board").
+DEFAULT_PRETRAIN_EXACT = 0.5
 
 
 @dataclass
@@ -155,6 +159,10 @@ class Config:
     """share of observation examples (the state as shown -> the state as text), taken from the dynamics share: perception alone, for image tasks"""
     pretrain_seconds: float | None = None
     """stop pretraining after this many seconds (a capped pretraining is not cached)"""
+    pretrain_until_exact: float | None = None
+    """after --pretrain-steps, keep pretraining in rounds of 100 steps until the model writes this share of held-out next states exactly (greedy; measured on 128 random-play transitions), up to --pretrain-max-steps; 0: off. Default 0.5 when --pretrain-steps is not given (the embedded default's recipe), else 0"""
+    pretrain_max_steps: int | None = None
+    """with --pretrain-until-exact: stop there even below the bar (default: 4x --pretrain-steps)"""
     reasoning: str = "none"
     """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead. Needs --max-new-tokens room for it"""
     think_loss: bool = True
@@ -293,7 +301,7 @@ class Config:
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
-                    "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
+                    "pretrain_until_exact", "pretrain_max_steps", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "tau_signal", "tau_target_clip", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
 
 
@@ -373,6 +381,10 @@ def validate(cfg: Config) -> None:
         (cfg.pretrain_steps is None or cfg.pretrain_steps >= 0, "--pretrain-steps must be >= 0"),
         (0.0 <= cfg.pretrain_dynamics <= 1.0, "--pretrain-dynamics must be in [0, 1]"),
         (0.0 <= cfg.pretrain_observe <= cfg.pretrain_dynamics, "--pretrain-observe must be in [0, --pretrain-dynamics]"),
+        (cfg.pretrain_until_exact is None or 0.0 <= cfg.pretrain_until_exact <= 1.0,
+         "--pretrain-until-exact must be in [0, 1]"),
+        (cfg.pretrain_max_steps is None or cfg.pretrain_max_steps >= (400 if cfg.pretrain_steps is None else cfg.pretrain_steps),
+         "--pretrain-max-steps must be >= --pretrain-steps (400 by default)"),
         (cfg.iterations is None or cfg.iterations >= 1, "--iterations must be >= 1"),
         (cfg.time_budget is None or (math.isfinite(cfg.time_budget) and cfg.time_budget > 0), "--time-budget must be > 0 seconds"),
         (cfg.replay == "none" or cfg.replay_batch is None or 1 <= cfg.replay_batch <= cfg.buffer_capacity,
@@ -673,11 +685,14 @@ def check_reasoning(mode: str, env_id: str, env_kwargs: dict[str, Any]) -> None:
 def pretrain_config(cfg: Config):
     from learner.pretrain import PretrainConfig
 
+    until = cfg.pretrain_until_exact
+    if until is None:
+        until = DEFAULT_PRETRAIN_EXACT if cfg.pretrain_steps is None else 0.0
     return PretrainConfig(steps=400 if cfg.pretrain_steps is None else cfg.pretrain_steps, batch=cfg.pretrain_batch,
                           lr=cfg.pretrain_lr, dynamics_fraction=cfg.pretrain_dynamics, observe_fraction=cfg.pretrain_observe,
                           reasoning=cfg.reasoning,
                           max_grad_norm=cfg.max_grad_norm,
-                          seconds=cfg.pretrain_seconds)
+                          seconds=cfg.pretrain_seconds, until_exact=until, max_steps=cfg.pretrain_max_steps or 0)
 
 
 def start_of_rl(run: Run) -> None:
@@ -696,7 +711,11 @@ def start_of_rl(run: Run) -> None:
                          **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
         print(f"pretraining on {cfg.env_id}'s transitions: {rep['pretrain_steps']} steps in {rep['pretrain_seconds']:.0f} s"
               f"{' (cached)' if rep.get('cached') else ''}, loss {rep['pretrain_loss_first']:.3f} -> "
-              f"{rep['pretrain_loss_last']:.3f}")
+              f"{rep['pretrain_loss_last']:.3f}"
+              + (f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
+                 if "pretrain_dynamics_exact_after" in rep else "")
+              + (f" (bar {pretrain_config(cfg).until_exact:.2f}{'' if rep.get('pretrain_reached_bar') else ' not reached'})"
+                 if "pretrain_reached_bar" in rep else ""))
     evaluate_phase(run, "baseline", cfg.final_eval_episodes, cfg.eval_both)
     run.policy.save_pretrained(run.dir / "reference")  # the KL reference: the policy RL starts from
     write_checkpoint(run)
@@ -871,6 +890,25 @@ def loop(run: Run) -> None:
         bar.close()
 
 
+def pretrain_line(run: Run) -> str:
+    """The summary's line on the start model's pretraining (from this session's report, or the
+    run's ``pretrain`` metrics record after a resume); empty without pretraining."""
+    rep = run.start_report
+    path = run.dir / "metrics.jsonl"
+    if not rep and path.exists():
+        with open(path, encoding="utf-8") as fh:
+            rep = next((r for r in map(json.loads, fh) if r.get("kind") == "pretrain"), {})
+    if not rep:
+        return ""
+    line = (f"the start: pretrained {rep['pretrain_steps']} steps on the task's transitions"
+            f"{' (cached)' if rep.get('cached') else ''}")
+    if "pretrain_dynamics_exact_after" in rep:
+        line += f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
+    if "pretrain_reached_bar" in rep:
+        line += f" ({'reached' if rep['pretrain_reached_bar'] else 'below'} the bar {pretrain_config(run.cfg).until_exact:.2f})"
+    return line
+
+
 def finish(run: Run) -> dict[str, Any]:
     """Last checkpoint, final evaluation, the selected policy's evaluation, summary, curves."""
     cfg, c = run.cfg, run.state.counters
@@ -893,6 +931,9 @@ def finish(run: Run) -> dict[str, Any]:
     summary = summarize(run.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
     summary["agent"] = str((selected or list_checkpoints(run.dir / "checkpoints")[-1]) / "model")
     summary["selected_iteration"] = c.best_iteration if selected is not None else c.iteration
+    start = pretrain_line(run)
+    if start:
+        summary["text"] += "\n" + start
     summary["text"] += (f"\nthe agent: {summary['agent']} (iteration {summary['selected_iteration']}"
                         + (f", the best validation success {c.best_success:.2f} of the periodic evaluations; "
                            "'final' rows: the last iteration" if selected is not None else ", the last") + ")")

@@ -87,10 +87,23 @@ class PretrainConfig:
     """gradient clipping by global norm"""
     seconds: float | None = None
     """stop early after this many seconds (None: no cap)"""
+    until_exact: float = 0.0
+    """after ``steps``, keep training in rounds of ``check_every`` steps until the model writes
+    this share of held-out dynamics replies exactly (greedy), e.g. the next board; 0: off"""
+    max_steps: int = 0
+    """with ``until_exact``: stop there even below the bar (0: four times ``steps``)"""
+    check_every: int = 100
+    """with ``until_exact``: steps between two measurements of the held-out exact rate"""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch < 1:
             raise ValueError("pretraining steps must be >= 0 and batch >= 1")
+        if not 0.0 <= self.until_exact <= 1.0:
+            raise ValueError(f"until_exact must be in [0, 1], got {self.until_exact}")
+        if self.max_steps < 0 or self.check_every < 1:
+            raise ValueError("max_steps must be >= 0 and check_every >= 1")
+        if self.until_exact > 0 and self.max_steps and self.max_steps < self.steps:
+            raise ValueError(f"max_steps ({self.max_steps}) must be >= steps ({self.steps})")
         if not 0.0 <= self.dynamics_fraction <= 1.0:
             raise ValueError(f"dynamics_fraction must be in [0, 1], got {self.dynamics_fraction}")
         if not 0.0 <= self.observe_fraction <= self.dynamics_fraction:
@@ -215,11 +228,36 @@ def encode(policy, examples: list[Example]) -> tuple[list[Sample], list[list[np.
     return samples, images
 
 
+def held_out_dynamics(env_id: str, env_kwargs: dict[str, Any] | None, seed: int, with_images: bool,
+                      streams: int = 64, rounds: int = 2) -> list[Example]:
+    """Dynamics examples from random play on a seed block of their own (``seed + 104_729``),
+    for :func:`exact_rate`: ``streams * rounds`` of them, the same for every recipe."""
+    held = TransitionStreams(env_id, env_kwargs, streams, seed + 104_729, 1.0, with_images)
+    try:
+        return [ex for _ in range(rounds) for ex in held.examples()]
+    finally:
+        held.close()
+
+
+def exact_rate(policy, examples: list[Example]) -> float:
+    """The share of ``examples`` whose reply the policy writes exactly, greedy decoding (for
+    dynamics examples: the next state, or how the episode ended, to the character)."""
+    if not examples:
+        return float("nan")
+    longest = max(len(policy.encode_reply(ex.reply)) for ex in examples) + 2
+    gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
+                           [ex.images for ex in examples], max_new_tokens=longest, greedy=True)
+    return float(np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, examples)]))
+
+
 def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
              micro_batch: int = 256, progress: bool = False,
              on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Pretrain ``policy`` in place on ``env_id``'s transitions; return a report (steps, losses
-    per kind at the start and end on held-out examples, seconds)."""
+    per kind at the start and end on held-out examples, the held-out dynamics exact rate,
+    seconds). With ``cfg.until_exact`` the training goes on past ``cfg.steps`` in rounds of
+    ``cfg.check_every`` steps until that rate reaches the bar or ``cfg.max_steps`` is spent; the
+    rates measured on the way are reported (``pretrain_exact_checks``: ``[step, rate]`` pairs)."""
     from tqdm.auto import tqdm
 
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
@@ -232,6 +270,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
         held.close()
     held_samples, held_images = encode(policy, held_examples)
     kinds = np.array([ex.kind for ex in held_examples])
+    exact_examples = held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision)
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
@@ -239,11 +278,23 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
 
     before = held_losses()
     optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
+    cap = (cfg.max_steps or 4 * cfg.steps) if cfg.until_exact > 0 else cfg.steps
     start = time.monotonic()
     losses: list[float] = []
+    checks: list[list[float]] = []
     bar = tqdm(total=cfg.steps, desc="pretrain", unit="step", disable=not progress, dynamic_ncols=True, leave=False)
     try:
-        for step in range(cfg.steps):
+        step = 0
+        while step < cap:
+            if cfg.until_exact > 0 and step >= cfg.steps and (step - cfg.steps) % cfg.check_every == 0:
+                checks.append([step, exact_rate(policy, exact_examples)])
+                logger.info("pretraining step %d: held-out dynamics exact %.2f (bar %.2f)", step, checks[-1][1],
+                            cfg.until_exact)
+                if checks[-1][1] >= cfg.until_exact:
+                    break
+                bar.total = min(cap, step + cfg.check_every)
+                bar.set_description(f"pretrain (exact {checks[-1][1]:.2f} < {cfg.until_exact:.2f})")
+                bar.refresh()
             if cfg.seconds is not None and time.monotonic() - start >= cfg.seconds:
                 break
             samples, images = encode(policy, streams.examples())
@@ -256,16 +307,24 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
                 on_step(step, st)
             bar.update(1)
             bar.set_postfix(loss=f"{st['loss']:.3f}")
+            step += 1
     finally:
         bar.close()
         streams.close()
+    seconds = time.monotonic() - start
     after = held_losses()
+    exact = checks[-1][1] if checks and checks[-1][0] == len(losses) else exact_rate(policy, exact_examples)
+    if cfg.until_exact > 0 and (not checks or checks[-1][0] != len(losses)):
+        checks.append([len(losses), exact])
     return {
-        "pretrain_steps": len(losses), "pretrain_seconds": time.monotonic() - start,
+        "pretrain_steps": len(losses), "pretrain_seconds": seconds,
         "pretrain_loss_first": losses[0] if losses else float("nan"),
         "pretrain_loss_last": float(np.mean(losses[-10:])) if losses else float("nan"),
         **{f"pretrain_{k}_before": v for k, v in before.items()},
         **{f"pretrain_{k}_after": v for k, v in after.items()},
+        "pretrain_dynamics_exact_after": exact,
+        **({"pretrain_exact_checks": checks, "pretrain_reached_bar": bool(exact >= cfg.until_exact)}
+           if cfg.until_exact > 0 else {}),
         "pretrain_episodes": streams._episodes,
     }
 
@@ -277,6 +336,9 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
         del recipe["observe_fraction"]
     if recipe["reasoning"] == "none":  # likewise before the lookahead existed
         del recipe["reasoning"]
+    if not recipe["until_exact"]:  # likewise before the exact-rate bar existed
+        for name in ("until_exact", "max_steps", "check_every"):
+            del recipe[name]
     parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed,
                         random_play_digest(env_id, env_kwargs)]
     blob = json.dumps(parts, sort_keys=True, default=str)

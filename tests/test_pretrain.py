@@ -105,6 +105,69 @@ def test_pretraining_lowers_the_dynamics_loss_and_is_cached(tmp_path) -> None:
     assert other != path  # the recipe is part of the cache key
 
 
+def test_exact_rate_counts_the_replies_the_policy_writes_to_the_character(tmp_path) -> None:
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+    from learner.pretrain import exact_rate, held_out_dynamics
+
+    policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
+    examples = held_out_dynamics("freshper/FrozenLake-v0", {"feedback": False}, 0, False, streams=6, rounds=1)
+    assert len(examples) == 6 and all(ex.kind == "dynamics" for ex in examples)
+    assert exact_rate(policy, examples) == 0.0  # an untrained model writes no board
+    gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
+                           [ex.images for ex in examples], max_new_tokens=12, greedy=True)
+    own = [dataclasses.replace(ex, reply=policy.reply_text(g.token_ids).strip()) for ex, g in zip(examples, gens)]
+    assert exact_rate(policy, own) == 1.0  # its own greedy replies, as targets
+    own[0] = dataclasses.replace(own[0], reply=own[0].reply + "x")
+    assert exact_rate(policy, own) == pytest.approx(5 / 6)
+
+
+def test_pretraining_goes_on_in_rounds_until_the_bar_or_the_step_cap(tmp_path) -> None:
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+
+    policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
+    cfg = PretrainConfig(steps=3, batch=4, lr=3e-3, until_exact=1.0, max_steps=7, check_every=2)
+    report = pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0)
+    assert report["pretrain_steps"] == 7 and not report["pretrain_reached_bar"]  # a 7-step model writes no board
+    assert [step for step, _ in report["pretrain_exact_checks"]] == [3, 5, 7]
+    assert report["pretrain_dynamics_exact_after"] == report["pretrain_exact_checks"][-1][1] == 0.0
+    off = pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, PretrainConfig(steps=2, batch=4), seed=0)
+    assert off["pretrain_steps"] == 2 and "pretrain_exact_checks" not in off and "pretrain_dynamics_exact_after" in off
+
+
+def test_pretraining_stops_at_the_first_check_that_meets_the_bar(tmp_path, monkeypatch) -> None:
+    """Reaching the bar takes hundreds of steps; the rates the checks see are fed in here, the
+    training between them is real."""
+    import learner.pretrain as lp
+    from agents.policy import Policy
+    from agents.tiny import build_tiny_model
+
+    rates = iter([0.1, 0.3, 0.6, 0.9])
+    monkeypatch.setattr(lp, "exact_rate", lambda policy, examples: next(rates))
+    policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
+    cfg = PretrainConfig(steps=2, batch=4, until_exact=0.5, max_steps=20, check_every=3)
+    report = lp.pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0)
+    assert report["pretrain_exact_checks"] == [[2, 0.1], [5, 0.3], [8, 0.6]]
+    assert report["pretrain_steps"] == 8 and report["pretrain_reached_bar"]
+    assert report["pretrain_dynamics_exact_after"] == 0.6
+
+
+def test_the_bar_is_part_of_the_cache_key_and_checked() -> None:
+    from pathlib import Path
+
+    from learner.pretrain import cache_key
+
+    base = Path("tiny-text-s0-x")
+    plain = PretrainConfig()
+    keys = {cache_key(base, "freshper/FrozenLake-v0", {}, c, 0)
+            for c in (plain, PretrainConfig(until_exact=0.5), PretrainConfig(until_exact=0.5, max_steps=800))}
+    assert len(keys) == 3
+    for bad in ({"until_exact": 1.5}, {"until_exact": 0.5, "max_steps": 100}, {"check_every": 0}):
+        with pytest.raises(ValueError):
+            PretrainConfig(**bad)
+
+
 def test_vision_pretraining_sees_the_image_and_predicts_the_board_text(tmp_path) -> None:
     from agents.policy import Policy
     from agents.tiny import build_tiny_model
@@ -367,7 +430,8 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainConfig(reasoning="aim"), 0) not in (
         key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
     old = dataclasses.asdict(plain)
-    del old["observe_fraction"], old["reasoning"]  # the recipe as it was before either field
+    del old["observe_fraction"], old["reasoning"]  # the recipe as it was before these fields
+    del old["until_exact"], old["max_steps"], old["check_every"]
     import hashlib
     import json
 

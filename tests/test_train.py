@@ -103,6 +103,8 @@ def test_the_default_config_file_is_the_default_run_written_out() -> None:
             return default_env_kwargs(cfg.env_id, cfg.context)
         if key == "pretrain_steps" and value is None:
             return train.pretrain_config(cfg).steps
+        if key == "pretrain_until_exact" and value is None:
+            return train.pretrain_config(cfg).until_exact
         if key == "iterations":
             return train.planned_iterations(cfg)
         return value
@@ -350,6 +352,22 @@ def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, 
     trains = [r for r in rows if r["kind"] == "train"]
     assert len(trains) == 2 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in trains)
     assert summary["iterations"] == 2 and "final" in summary["evals"]
+    assert "the start: pretrained 2 steps on the task's transitions, held-out next states written exactly" \
+        in (tmp_path / "t" / "summary.txt").read_text(encoding="utf-8")
+
+
+def test_the_default_pretraining_goes_on_until_it_writes_next_states_and_a_given_recipe_does_not() -> None:
+    assert train.pretrain_config(train.Config()).until_exact == train.DEFAULT_PRETRAIN_EXACT == 0.5
+    assert train.pretrain_config(train.Config()).max_steps == 0  # 4x the steps
+    assert train.pretrain_config(train.Config(pretrain_steps=400)).until_exact == 0.0
+    given = train.pretrain_config(train.Config(pretrain_steps=50, pretrain_until_exact=0.3, pretrain_max_steps=90))
+    assert (given.steps, given.until_exact, given.max_steps) == (50, 0.3, 90)
+    assert train.pretrain_config(train.Config(pretrain_until_exact=0.0)).until_exact == 0.0
+    with pytest.raises(ValueError, match="--pretrain-until-exact"):
+        train.validate(train.Config(pretrain_until_exact=2.0))
+    with pytest.raises(ValueError, match="--pretrain-max-steps"):
+        train.validate(train.Config(pretrain_max_steps=100))
+    assert "pretrain_until_exact" in train.LOCKED_ON_RESUME and "pretrain_max_steps" in train.LOCKED_ON_RESUME
 
 
 def test_turn_level_advantages_train_and_replay(tmp_path: Path) -> None:
