@@ -33,8 +33,12 @@ def norm(text: str) -> str:
 
 
 def probe(folder: Path) -> dict[str, float]:
+    return probe_records(load_records(folder))
+
+
+def probe_records(records) -> dict[str, float]:
+    """The copy shares of SearchQA trajectory records (see the module docstring)."""
     searches = copied = answers = grounded = 0
-    records = load_records(folder)
     for rec in records:
         seen = ""
         for turn in rec.turns:

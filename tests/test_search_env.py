@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -244,3 +245,22 @@ def test_a_human_can_search_and_answer_through_the_play_cli() -> None:
                    stdout=out)
     assert summary.success and summary.turns == 2 and summary.invalid_replies == 0
     assert "<information>" in out.getvalue()
+
+
+def test_random_answers_are_names_places_or_years_from_the_passages_seen(env: SearchQAEnv) -> None:
+    from envs.search.env import answer_candidates
+
+    text = ("Grebex Moumoutheind (born 1911) is a painter born in Megras, Tryshusk. The Shekrond clock "
+            "was invented by Kremund Disath in 1979.")
+    assert answer_candidates(text) == ["Grebex Moumoutheind", "Grebex", "Moumoutheind", "1911", "Megras", "Tryshusk",
+                                       "Shekrond", "Kremund Disath", "Kremund", "Disath", "1979"]
+    rng = np.random.default_rng(0)
+    env.reset(seed=1)  # a one-hop question: one search finds its answer
+    assert all(env.unwrapped.sample_reply(rng).startswith("<search>") for _ in range(20))  # nothing seen yet
+    question = env.question.question
+    env.step(f"<search>{question}</search>")
+    seen = answer_candidates(" ".join(env.unwrapped._seen_text))
+    assert _gold(env) in seen  # a search for the whole question finds the answer among the candidates
+    replies = [env.unwrapped.sample_reply(rng) for _ in range(400)]
+    answers = {r[len("<answer>"):-len("</answer>")] for r in replies if r.startswith("<answer>")}
+    assert 150 < sum(r.startswith("<answer>") for r in replies) < 250 and answers == set(seen)

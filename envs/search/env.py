@@ -70,6 +70,40 @@ def first_action(reply: str) -> tuple[str, str] | None:
     return None if best is None else (best[1], best[2])
 
 
+#: Capitalised words that open a passage's sentences rather than name something.
+_NOT_NAMES = frozenset({"The", "In", "It", "Its", "He", "She", "His", "Her", "A", "An", "Doc", "Title"})
+
+
+def answer_candidates(text: str) -> list[str]:
+    """The short answers a passage text offers, in order, repeats kept: every 4-digit number
+    (a year), every run of capitalised words (a name or place, ``"Grebex Moumoutheind"``) and,
+    where a run has several words, each of them (``"Megras"`` of ``"Megras, Tryshusk"`` is cut at
+    the comma anyway). Sentence openers such as ``The`` or ``In`` are not names."""
+    out: list[str] = []
+    run: list[str] = []
+
+    def close() -> None:
+        if run:
+            out.append(" ".join(run))
+            if len(run) > 1:
+                out.extend(run)
+            run.clear()
+
+    for raw in text.split():
+        word = raw.strip(".,;:()\"'")
+        if len(word) == 4 and word.isdigit():
+            close()
+            out.append(word)
+        elif word[:1].isupper() and word not in _NOT_NAMES:
+            run.append(word)
+        else:
+            close()
+        if raw[-1:] in ".,;:)":  # punctuation ends a name
+            close()
+    close()
+    return out
+
+
 def shared_retriever(corpus: str | Path | None = None, retrieval_url: str | None = None, *,
                      timeout: float = 10.0, retries: int = 3, backoff: float = 0.5) -> Retriever:
     """One cached retriever per corpus or URL per process, shared by every env that uses it.
@@ -224,14 +258,12 @@ class SearchQAEnv(MultiTurnEnv):
     # -- the rest of the task contract ------------------------------------------------------
     def sample_reply(self, rng: np.random.Generator) -> str:
         """A random well-formed reply: a search for the question (whole, or a span of 2-5 of
-        its words), or, once passages were seen, an answer of 1-3 consecutive words from them."""
-        passages = " ".join(self._seen_text)
-        if passages and rng.random() < 0.5:
-            words = [w.strip(".,;:()\"'") for w in passages.split()]
-            words = [w for w in words if w]
-            n = int(rng.integers(1, 4))
-            start = int(rng.integers(max(1, len(words) - n + 1)))
-            return f"<answer>{' '.join(words[start:start + n])}</answer>"
+        its words), or, once passages were seen, an answer drawn uniformly from the names,
+        places and years in them (:func:`answer_candidates`: what the instructions say an
+        answer is); nothing says which one is right."""
+        candidates = answer_candidates(" ".join(self._seen_text))
+        if candidates and rng.random() < 0.5:
+            return f"<answer>{candidates[int(rng.integers(len(candidates)))]}</answer>"
         words = self.question.question.rstrip("?").split()
         if rng.random() < 0.5 or len(words) <= 2:
             return f"<search>{' '.join(words)}</search>"
