@@ -255,6 +255,7 @@ def build_tiny_model(
     *,
     vocab_size: int = 512,
     force: bool = False,
+    task_text: str = "",
 ) -> Path:
     """Build (once) and return the folder of the embedded tiny model for ``modality``.
 
@@ -270,8 +271,11 @@ def build_tiny_model(
     corpus = task_corpus(seed=0)
     key = hashlib.sha256(
         json.dumps([TINY_FORMAT_VERSION, modality, seed, vocab_size, CHAT_TEMPLATE, corpus]
-                   + (["flat positions"] if modality == "vision" else [])).encode()
+                   + (["flat positions"] if modality == "vision" else [])
+                   + ([hashlib.sha256(task_text.encode()).hexdigest()] if task_text else [])).encode()
     ).hexdigest()[:12]
+    if task_text:  # a task's own vocabulary (envs.base.MultiTurnEnv.tokenizer_text) beside the episodes
+        corpus = f"{corpus}\n{task_text}"
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-{modality}-s{seed}-{key}"
     marker = target / "freshper_tiny.json"
@@ -281,6 +285,29 @@ def build_tiny_model(
         if target.exists() and marker.exists() and not force:
             return target  # built by another process meanwhile
         return _build(target, modality, corpus, key, seed, vocab_size, root)
+
+
+#: Vocabulary of a tiny model whose task brings its own text (``tokenizer_text``): room for
+#: its names as whole tokens. The shared tokenizer keeps 512.
+TASK_VOCAB_SIZE = 2048
+
+
+def task_model(env_id: str, env_kwargs: dict | None = None, cache_dir: str | os.PathLike | None = None,
+               seed: int = 0) -> Path:
+    """The embedded tiny model for ``env_id``: the shared one of its modality, or, where the task
+    has text of its own (:meth:`~envs.base.MultiTurnEnv.tokenizer_text`), one whose tokenizer
+    (``TASK_VOCAB_SIZE`` tokens) also learned from that text."""
+    import envs
+
+    env = envs.make(env_id, **dict(env_kwargs or {}))
+    try:
+        text = env.unwrapped.tokenizer_text()
+    finally:
+        env.close()
+    modality = envs.task_spec(env_id).modality
+    if not text:
+        return build_tiny_model(modality, cache_dir=cache_dir, seed=seed)
+    return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, vocab_size=TASK_VOCAB_SIZE, task_text=text)
 
 
 def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_size: int, root: Path) -> Path:

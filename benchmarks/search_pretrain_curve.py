@@ -34,6 +34,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--shared-tokenizer", action="store_true",
+                        help="start from the tiny model every task shares (512 tokens) instead of SearchQA's own "
+                             "(agents.tiny.task_model: a tokenizer that learned the knowledge base's names)")
     parser.add_argument("--save", default=None, metavar="DIR")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -45,13 +48,14 @@ def main() -> int:
     from agents.evaluate import evaluate, wilson_interval
     from agents.policy import Policy
     from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model
+    from agents.tiny import build_tiny_model, task_model
     from benchmarks.search_copy_probe import probe_records
     from learner.pretrain import PretrainConfig, exact_rate, held_out_dynamics, pretrain
 
     env_id = "freshper/SearchQA-v0"
     kwargs = default_env_kwargs(env_id, "window:0")
-    policy = Policy.from_pretrained(build_tiny_model("text", seed=args.seed))
+    base = build_tiny_model("text", seed=args.seed) if args.shared_tokenizer else task_model(env_id, kwargs, seed=args.seed)
+    policy = Policy.from_pretrained(base)
     exact_set = held_out_dynamics(env_id, kwargs, args.seed, False, streams=32, rounds=2)
     rows: list[dict] = []
     start = time.monotonic()
@@ -69,7 +73,8 @@ def main() -> int:
               f"{row['invalid']:>7.2f} {row['query_in_question']:>9.2f} ({cp['searches']:>3}) "
               f"{row['answer_in_passages']:>9.2f} ({cp['answers']:>3}) {row['titles_exact']:>12.2f}", flush=True)
 
-    print(f"{env_id}: batch {args.batch}, lr {args.lr}, dynamics share {args.dynamics}, {args.episodes} held-out episodes")
+    print(f"{env_id}: {base.name} ({len(policy.tokenizer)} tokens), batch {args.batch}, lr {args.lr}, "
+          f"dynamics share {args.dynamics}, {args.episodes} held-out episodes")
     print(f"{'step':>6} {'seconds':>8} {'EM':>6} {'95% CI':>14} {'invalid':>7} {'query in q':>15} "
           f"{'answer in p':>15} {'titles exact':>12}")
     measure(0)

@@ -287,6 +287,13 @@ class MultiTurnEnv(gym.Env[dict, str]):
         content = extract_tag(reply)
         return content if content is not None else reply.strip()
 
+    def tokenizer_text(self) -> str:
+        """Text the embedded tiny model of this task should learn its tokens from, beside the
+        sampled episodes of every task: the task's own vocabulary where random play shows
+        little of it (SearchQA: its knowledge base, whose made-up names would otherwise be
+        spelled out letter by letter). Empty by default: the shared tokenizer."""
+        return ""
+
     def outcome_text(self, terminated: bool, success: bool) -> str:
         """What the last step led to, as text: the new state in the task's text notation
         (:meth:`render_text`), or a word for how the episode ended. The target of dynamics

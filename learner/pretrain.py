@@ -374,18 +374,18 @@ def random_play_digest(env_id: str, env_kwargs: dict[str, Any] | None, turns: in
 def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
                        cache_dir: str | os.PathLike | None = None, micro_batch: int = 256,
                        progress: bool = False, device: str = "cpu") -> tuple[Path, dict[str, Any]]:
-    """The embedded tiny model of the task's modality, pretrained on ``env_id``'s transitions.
+    """The embedded tiny model of the task (:func:`agents.tiny.task_model`: its modality's, with
+    a tokenizer that also learned the task's own text where it has some), pretrained on
+    ``env_id``'s transitions.
 
     Built once and cached (written to a temporary folder and renamed, like the tiny model);
     returns the model folder and its pretraining report (``cached`` says whether it was reused).
     A time cap (``cfg.seconds``) makes the result depend on the machine, so capped runs are
     not cached. ``device``: where the pretraining runs (the cached folder does not depend on it).
     """
-    import envs
-    from agents.tiny import build_tiny_model, cache_lock, default_cache_dir
+    from agents.tiny import cache_lock, default_cache_dir, task_model
 
-    modality = envs.task_spec(env_id).modality
-    base = build_tiny_model(modality, cache_dir=cache_dir, seed=seed)
+    base = task_model(env_id, env_kwargs, cache_dir=cache_dir, seed=seed)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     task = env_id.split("/")[-1]
     target = root / f"pretrained-{task}-s{seed}-{cache_key(base, env_id, env_kwargs, cfg, seed)}"

@@ -503,3 +503,29 @@ def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -
     assert set(out) == {"action_spread", "illegal_mass", "blind_illegal_mass", "counterfactual_shift", "counterfactual_pairs",
                         "counterfactual_ci_low", "counterfactual_ci_high"} and out["action_spread"] > 0
     assert out["counterfactual_ci_low"] <= out["counterfactual_shift"] <= out["counterfactual_ci_high"]
+
+
+def test_a_task_with_text_of_its_own_gets_a_tokenizer_that_knows_its_names(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from agents.tiny import TASK_VOCAB_SIZE, build_tiny_model, task_model
+
+    shared = build_tiny_model("text", cache_dir=tmp_path)
+    assert task_model("freshper/FrozenLake-v0", {"feedback": False}, cache_dir=tmp_path) == shared
+    env = envs.make("freshper/SearchQA-v0")
+    try:
+        text = env.unwrapped.tokenizer_text()
+        env.reset(seed=1)
+        assert env.unwrapped.question.golden_answers[0] in text
+    finally:
+        env.close()
+    assert envs.make("freshper/FrozenLake-v0").unwrapped.tokenizer_text() == ""
+    own = task_model("freshper/SearchQA-v0", None, cache_dir=tmp_path)
+    assert own != shared and task_model("freshper/SearchQA-v0", None, cache_dir=tmp_path) == own  # cached
+    big, small = AutoTokenizer.from_pretrained(own), AutoTokenizer.from_pretrained(shared)
+    assert len(big) > TASK_VOCAB_SIZE > len(small)
+    names = [line for line in text.split("\n")[::2][:100]]  # passage titles: made-up names
+    per_name = [(len(big(f" {n}")["input_ids"]), len(small(f" {n}")["input_ids"])) for n in names]
+    assert np.mean([b for b, _ in per_name]) < 0.4 * np.mean([s for _, s in per_name])
+    for tag in ("<search>", "<answer>", "</answer>"):  # the reply tags stay single tokens
+        assert len(big(tag)["input_ids"]) == 1

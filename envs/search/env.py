@@ -271,6 +271,14 @@ class SearchQAEnv(MultiTurnEnv):
         start = int(rng.integers(len(words) - n + 1))
         return f"<search>{' '.join(words[start:start + n])}</search>"
 
+    def tokenizer_text(self) -> str:
+        """The passages of an in-process corpus (title line, then text), so the embedded tiny
+        model's tokenizer has tokens for the knowledge base's names; a remote retrieval
+        service's corpus is not at hand: empty."""
+        retriever = getattr(self.retriever, "inner", self.retriever)  # under the query cache
+        passages = getattr(retriever, "passages", None) or []
+        return "\n".join(f"{p.title}\n{p.text}" for p in passages)
+
     def describe_action(self, reply: str) -> str:
         action = first_action(reply if isinstance(reply, str) else "")
         return reply.strip() if action is None else f"{action[0]} {action[1]}"
