@@ -160,7 +160,7 @@ class Config:
     pretrain_seconds: float | None = None
     """stop pretraining after this many seconds (a capped pretraining is not cached)"""
     pretrain_until_exact: float | None = None
-    """after --pretrain-steps, keep pretraining in rounds of 100 steps until the model writes this share of held-out next states exactly (greedy; measured on 128 random-play transitions), up to --pretrain-max-steps; 0: off. Default 0.5 when --pretrain-steps is not given (the embedded default's recipe), else 0"""
+    """after --pretrain-steps, keep pretraining in rounds of 100 steps until the model writes this share of held-out next states exactly (greedy; on two held-out random-play transitions per --pretrain-batch stream, at most 128), up to --pretrain-max-steps; 0: off. Default 0.5 when --pretrain-steps is not given (the embedded default's recipe), else 0"""
     pretrain_max_steps: int | None = None
     """with --pretrain-until-exact: stop there even below the bar (default: 4x --pretrain-steps)"""
     reasoning: str = "none"

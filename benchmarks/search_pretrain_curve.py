@@ -37,6 +37,7 @@ def main() -> int:
     parser.add_argument("--shared-tokenizer", action="store_true",
                         help="start from the tiny model every task shares (512 tokens) instead of SearchQA's own "
                              "(agents.tiny.task_model: a tokenizer that learned the knowledge base's names)")
+    parser.add_argument("--model", default=None, help="start from this model folder (e.g. an earlier --save)")
     parser.add_argument("--save", default=None, metavar="DIR")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -54,7 +55,8 @@ def main() -> int:
 
     env_id = "freshper/SearchQA-v0"
     kwargs = default_env_kwargs(env_id, "window:0")
-    base = build_tiny_model("text", seed=args.seed) if args.shared_tokenizer else task_model(env_id, kwargs, seed=args.seed)
+    base = Path(args.model) if args.model else (
+        build_tiny_model("text", seed=args.seed) if args.shared_tokenizer else task_model(env_id, kwargs, seed=args.seed))
     policy = Policy.from_pretrained(base)
     exact_set = held_out_dynamics(env_id, kwargs, args.seed, False, streams=32, rounds=2)
     rows: list[dict] = []

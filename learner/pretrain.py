@@ -270,7 +270,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
         held.close()
     held_samples, held_images = encode(policy, held_examples)
     kinds = np.array([ex.kind for ex in held_examples])
-    exact_examples = held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision)
+    exact_examples = held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision, streams=min(64, cfg.batch))
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
