@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +60,7 @@ def main() -> int:
     from agents.runner import default_env_kwargs
     from agents.tiny import build_tiny_model
     from learner.pretrain import PretrainConfig, TransitionStreams, encode, pretrain
+    from learner.pretrain import exact_rate as pretrain_exact_rate
     from learner.update import nll_per_sample
 
     modality = envs.task_spec(args.env_id).modality
@@ -81,12 +81,9 @@ def main() -> int:
     dyn_s, dyn_i = encode(policy, dyn)
     fmt_s, fmt_i = encode(policy, fmt)
     obs_s, obs_i = encode(policy, obs) if obs else ([], None)
-    longest = max(len(policy.encode_reply(ex.reply)) for ex in dyn + obs) + 2
 
     def exact_rate(examples) -> float:
-        gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
-                               [ex.images for ex in examples], max_new_tokens=longest, greedy=True)
-        return float(np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, examples)]))
+        return pretrain_exact_rate(policy, examples)
     rows: list[dict] = []
     start = time.monotonic()
 
