@@ -108,6 +108,8 @@ DEFAULT_ITERATIONS = 200
 #: held-out next boards exactly: most seeds pass 0.80 at 400 steps, a few stall near 0.1 there
 #: (docs/training.md, "Pretraining until the model writes the next board").
 DEFAULT_PRETRAIN_EXACT = 0.5
+#: Pretraining steps of the embedded default when --pretrain-steps is not given.
+DEFAULT_PRETRAIN_STEPS = 400
 
 
 @dataclass
@@ -383,7 +385,7 @@ def validate(cfg: Config) -> None:
         (0.0 <= cfg.pretrain_observe <= cfg.pretrain_dynamics, "--pretrain-observe must be in [0, --pretrain-dynamics]"),
         (cfg.pretrain_until_exact is None or 0.0 <= cfg.pretrain_until_exact <= 1.0,
          "--pretrain-until-exact must be in [0, 1]"),
-        (cfg.pretrain_max_steps is None or cfg.pretrain_max_steps >= (400 if cfg.pretrain_steps is None else cfg.pretrain_steps),
+        (cfg.pretrain_max_steps is None or cfg.pretrain_max_steps >= (DEFAULT_PRETRAIN_STEPS if cfg.pretrain_steps is None else cfg.pretrain_steps),
          "--pretrain-max-steps must be >= --pretrain-steps (400 by default)"),
         (cfg.iterations is None or cfg.iterations >= 1, "--iterations must be >= 1"),
         (cfg.time_budget is None or (math.isfinite(cfg.time_budget) and cfg.time_budget > 0), "--time-budget must be > 0 seconds"),
@@ -688,7 +690,7 @@ def pretrain_config(cfg: Config):
     until = cfg.pretrain_until_exact
     if until is None:
         until = DEFAULT_PRETRAIN_EXACT if cfg.pretrain_steps is None else 0.0
-    return PretrainConfig(steps=400 if cfg.pretrain_steps is None else cfg.pretrain_steps, batch=cfg.pretrain_batch,
+    return PretrainConfig(steps=DEFAULT_PRETRAIN_STEPS if cfg.pretrain_steps is None else cfg.pretrain_steps, batch=cfg.pretrain_batch,
                           lr=cfg.pretrain_lr, dynamics_fraction=cfg.pretrain_dynamics, observe_fraction=cfg.pretrain_observe,
                           reasoning=cfg.reasoning,
                           max_grad_norm=cfg.max_grad_norm,
@@ -711,11 +713,7 @@ def start_of_rl(run: Run) -> None:
                          **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
         print(f"pretraining on {cfg.env_id}'s transitions: {rep['pretrain_steps']} steps in {rep['pretrain_seconds']:.0f} s"
               f"{' (cached)' if rep.get('cached') else ''}, loss {rep['pretrain_loss_first']:.3f} -> "
-              f"{rep['pretrain_loss_last']:.3f}"
-              + (f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
-                 if "pretrain_dynamics_exact_after" in rep else "")
-              + (f" (bar {pretrain_config(cfg).until_exact:.2f}{'' if rep.get('pretrain_reached_bar') else ' not reached'})"
-                 if "pretrain_reached_bar" in rep else ""))
+              f"{rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
     evaluate_phase(run, "baseline", cfg.final_eval_episodes, cfg.eval_both)
     run.policy.save_pretrained(run.dir / "reference")  # the KL reference: the policy RL starts from
     write_checkpoint(run)
@@ -890,6 +888,17 @@ def loop(run: Run) -> None:
         bar.close()
 
 
+def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:
+    """How well the pretrained model writes held-out next states, and how that stands to the
+    bar, from a pretraining report (the start line and the summary say it alike)."""
+    if "pretrain_dynamics_exact_after" not in rep:
+        return ""
+    phrase = f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
+    if "pretrain_reached_bar" in rep:
+        phrase += f" ({'reached' if rep['pretrain_reached_bar'] else 'below'} the bar {pretrain_config(cfg).until_exact:.2f})"
+    return phrase
+
+
 def pretrain_line(run: Run) -> str:
     """The summary's line on the start model's pretraining (from this session's report, or the
     run's ``pretrain`` metrics record after a resume); empty without pretraining."""
@@ -900,13 +909,8 @@ def pretrain_line(run: Run) -> str:
             rep = next((r for r in map(json.loads, fh) if r.get("kind") == "pretrain"), {})
     if not rep:
         return ""
-    line = (f"the start: pretrained {rep['pretrain_steps']} steps on the task's transitions"
-            f"{' (cached)' if rep.get('cached') else ''}")
-    if "pretrain_dynamics_exact_after" in rep:
-        line += f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
-    if "pretrain_reached_bar" in rep:
-        line += f" ({'reached' if rep['pretrain_reached_bar'] else 'below'} the bar {pretrain_config(run.cfg).until_exact:.2f})"
-    return line
+    return (f"the start: pretrained {rep['pretrain_steps']} steps on the task's transitions"
+            f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}")
 
 
 def finish(run: Run) -> dict[str, Any]:

@@ -59,17 +59,14 @@ def main() -> int:
     from agents.policy import Policy
     from agents.runner import default_env_kwargs
     from agents.tiny import build_tiny_model
-    from learner.pretrain import PretrainConfig, TransitionStreams, encode, pretrain
-    from learner.pretrain import exact_rate as pretrain_exact_rate
+    from learner.pretrain import PretrainConfig, TransitionStreams, encode, exact_rate, held_out_dynamics, pretrain
     from learner.update import nll_per_sample
 
     modality = envs.task_spec(args.env_id).modality
     kwargs = {**default_env_kwargs(args.env_id, "window:0"), **(args.env_kwargs or {})}
     policy = Policy.from_pretrained(args.model or build_tiny_model(modality, seed=args.seed))
     vision = policy.is_vision
-    held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_729, 1.0, vision)
-    dyn = held.examples()
-    held.close()
+    dyn = held_out_dynamics(args.env_id, kwargs, args.seed, vision, rounds=1)  # the pretraining's exact-rate block
     held = TransitionStreams(args.env_id, kwargs, 64, args.seed + 104_730, 0.0, vision)
     fmt = held.examples()
     held.close()
@@ -81,16 +78,13 @@ def main() -> int:
     dyn_s, dyn_i = encode(policy, dyn)
     fmt_s, fmt_i = encode(policy, fmt)
     obs_s, obs_i = encode(policy, obs) if obs else ([], None)
-
-    def exact_rate(examples) -> float:
-        return pretrain_exact_rate(policy, examples)
     rows: list[dict] = []
     start = time.monotonic()
 
     def measure(step: int) -> None:
         row = {"step": step, "seconds": round(time.monotonic() - start, 1),
                "dynamics_nll": float(nll_per_sample(policy, dyn_s, dyn_i).mean()),
-               "format_nll": float(nll_per_sample(policy, fmt_s, fmt_i).mean()), "dynamics_exact": exact_rate(dyn)}
+               "format_nll": float(nll_per_sample(policy, fmt_s, fmt_i).mean()), "dynamics_exact": exact_rate(policy, dyn)}
         line = (f"{row['step']:>6} {row['seconds']:>8} {row['dynamics_nll']:>12.3f} {row['format_nll']:>10.3f} "
                 f"{row['dynamics_exact']:>16.2f}")
         if args.policy_probe:
@@ -100,7 +94,7 @@ def main() -> int:
             row.update({k: diag[k] for k in ("action_spread", "illegal_mass", "blind_illegal_mass") if k in diag})
             line += "".join(f" {row.get(k, float('nan')):>13.3f}" for k in ("action_spread", "illegal_mass", "blind_illegal_mass"))
         if obs:
-            row.update(observe_nll=float(nll_per_sample(policy, obs_s, obs_i).mean()), observe_exact=exact_rate(obs))
+            row.update(observe_nll=float(nll_per_sample(policy, obs_s, obs_i).mean()), observe_exact=exact_rate(policy, obs))
             line += f" {row['observe_nll']:>11.3f} {row['observe_exact']:>13.2f}"
         rows.append(row)
         print(line, flush=True)

@@ -313,9 +313,9 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
         streams.close()
     seconds = time.monotonic() - start
     after = held_losses()
-    exact = checks[-1][1] if checks and checks[-1][0] == len(losses) else exact_rate(policy, exact_examples)
-    if cfg.until_exact > 0 and (not checks or checks[-1][0] != len(losses)):
-        checks.append([len(losses), exact])
+    if not checks or checks[-1][0] != len(losses):  # the model as it ends, unless the last check saw it
+        checks.append([len(losses), exact_rate(policy, exact_examples)])
+    exact = checks[-1][1]
     return {
         "pretrain_steps": len(losses), "pretrain_seconds": seconds,
         "pretrain_loss_first": losses[0] if losses else float("nan"),

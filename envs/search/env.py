@@ -275,8 +275,7 @@ class SearchQAEnv(MultiTurnEnv):
         """The passages of an in-process corpus (title line, then text), so the embedded tiny
         model's tokenizer has tokens for the knowledge base's names; a remote retrieval
         service's corpus is not at hand: empty."""
-        retriever = getattr(self.retriever, "inner", self.retriever)  # under the query cache
-        passages = getattr(retriever, "passages", None) or []
+        passages = getattr(self.retriever, "passages", None) or []
         return "\n".join(f"{p.title}\n{p.text}" for p in passages)
 
     def describe_action(self, reply: str) -> str:

@@ -361,6 +361,7 @@ class CachedRetriever:
 
     def __init__(self, inner: Retriever, maxsize: int = 4096) -> None:
         self.inner = inner
+        self.passages = getattr(inner, "passages", None)  # an in-process corpus, where the inner one has it
         self.maxsize = int(maxsize)
         self._cache: OrderedDict[tuple[str, int], list[Passage]] = OrderedDict()
         self._lock = threading.Lock()
