@@ -247,7 +247,7 @@ def test_a_human_can_search_and_answer_through_the_play_cli() -> None:
     assert "<information>" in out.getvalue()
 
 
-def test_random_answers_are_names_places_or_years_from_the_passages_seen(env: SearchQAEnv) -> None:
+def test_random_answers_are_names_places_or_years_from_the_best_passage_found(env: SearchQAEnv) -> None:
     from envs.search.env import answer_candidates
 
     text = ("Grebex Moumoutheind (born 1911) is a painter born in Megras, Tryshusk. The Shekrond clock "
@@ -256,11 +256,21 @@ def test_random_answers_are_names_places_or_years_from_the_passages_seen(env: Se
                                        "Shekrond", "Kremund Disath", "Kremund", "Disath", "1979"]
     rng = np.random.default_rng(0)
     env.reset(seed=1)  # a one-hop question: one search finds its answer
-    assert all(env.unwrapped.sample_reply(rng).startswith("<search>") for _ in range(20))  # nothing seen yet
+    task = env.unwrapped
+    assert task.random_answers() == []
+    assert all(task.sample_reply(rng).startswith("<search>") for _ in range(20))  # nothing seen yet
     question = env.question.question
     env.step(f"<search>{question}</search>")
-    seen = answer_candidates(" ".join(env.unwrapped._seen_text))
-    assert _gold(env) in seen  # a search for the whole question finds the answer among the candidates
-    replies = [env.unwrapped.sample_reply(rng) for _ in range(400)]
+    drawn = task.random_answers()
+    assert _gold(env) in drawn  # the best passage of a search for the whole question holds the answer
+    asked = set(question.rstrip("?").split())
+    assert drawn and not any(set(c.split()) & asked for c in drawn)  # nothing the question already names
+    top = task._seen_text[0]
+    assert set(drawn) < set(answer_candidates(top)) < set(answer_candidates(" ".join(task._seen_text)))
+    replies = [task.sample_reply(rng) for _ in range(400)]
     answers = {r[len("<answer>"):-len("</answer>")] for r in replies if r.startswith("<answer>")}
-    assert 150 < sum(r.startswith("<answer>") for r in replies) < 250 and answers == set(seen)
+    assert 150 < sum(r.startswith("<answer>") for r in replies) < 250 and answers == set(drawn)
+    env.step("<search>zzzz qqqq</search>")  # a search that finds nothing: every passage seen
+    assert not task._last_titles
+    everything = [c for c in answer_candidates(" ".join(task._seen_text)) if not set(c.split()) & asked]
+    assert task.random_answers() == everything and set(drawn) < set(everything)

@@ -189,7 +189,8 @@ class SearchQAEnv(MultiTurnEnv):
         self.failed, self.error, self.search_limit = False, "", False
         self.transcript: list[str] = []
         self._last_titles: list[str] = []
-        self._seen_text: list[str] = []  # the passages shown so far (random answers draw from them)
+        self._seen_text: list[str] = []  # the passages shown so far
+        self._top_text = ""  # the best passage of the last search (random answers draw from it first)
 
     # -- MultiTurnEnv hooks ----------------------------------------------------------------
     def _reset_task(self, options: dict[str, Any] | None) -> None:
@@ -253,15 +254,18 @@ class SearchQAEnv(MultiTurnEnv):
         block = self.format_passages(passages)
         self._last_titles = titles
         self._seen_text.extend(p.text[: self.passage_chars] for p in passages)
+        self._top_text = passages[0].text[: self.passage_chars] if passages else ""
         return 0.0, block, False, False
 
     # -- the rest of the task contract ------------------------------------------------------
     def sample_reply(self, rng: np.random.Generator) -> str:
         """A random well-formed reply: a search for the question (whole, or a span of 2-5 of
         its words), or, once passages were seen, an answer drawn uniformly from the names,
-        places and years in them (:func:`answer_candidates`: what the instructions say an
-        answer is); nothing says which one is right."""
-        candidates = answer_candidates(" ".join(self._seen_text))
+        places and years (:func:`answer_candidates`: what the instructions say an answer is) of
+        the last search's best passage that the question does not already name, or, where that
+        leaves none, of every passage seen. Nothing says which one is right: the draw only
+        prefers what the search found first over what it found earlier or further down."""
+        candidates = self.random_answers()
         if candidates and rng.random() < 0.5:
             return f"<answer>{candidates[int(rng.integers(len(candidates)))]}</answer>"
         words = self.question.question.rstrip("?").split()
@@ -270,6 +274,17 @@ class SearchQAEnv(MultiTurnEnv):
         n = int(rng.integers(2, min(5, len(words)) + 1))
         start = int(rng.integers(len(words) - n + 1))
         return f"<search>{' '.join(words[start:start + n])}</search>"
+
+    def random_answers(self) -> list[str]:
+        """The answers :meth:`sample_reply` draws from (repeats kept): the candidates of the last
+        search's best passage without those sharing a word with the question, else those of every
+        passage seen, likewise; empty before any passage was seen."""
+        asked = {w.strip("?.,;:'\"") for w in self.question.question.split()}
+
+        def new(text: str) -> list[str]:
+            return [c for c in answer_candidates(text) if not set(c.split()) & asked]
+
+        return new(self._top_text) or new(" ".join(self._seen_text))
 
     def tokenizer_text(self) -> str:
         """The passages of an in-process corpus (title line, then text), so the embedded tiny
