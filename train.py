@@ -166,7 +166,7 @@ class Config:
     pretrain_max_steps: int | None = None
     """with --pretrain-until-exact: stop there even below the bar (default: 4x --pretrain-steps)"""
     reasoning: str = "none"
-    """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead. Needs --max-new-tokens room for it"""
+    """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead; 'subgoal': the next place to reach and what to do there (the task's subgoal_text, e.g. Sokoban's 'stand Up Left push Right'), then the lookahead. Needs --max-new-tokens room for it"""
     think_loss: bool = True
     """train the tokens of a reply's think tag like its other sampled tokens; --no-think-loss leaves <think> ... </think> out of the RL loss (the answer alone is trained)"""
 

@@ -10,9 +10,10 @@ replies write one) and how purposeful the moves that changed the state were: the
 steps that brought the player closer to the box, and of pushes that brought the box closer to
 its goal (Manhattan distances; one-box levels). ``--random N`` also plays the random agent (a random move that changes the
 state, ``sample_reply``) N times on each level of the first folder: the same levels, the
-reference any learned policy should beat. ``--scripted N`` plays two scripted agents the same way
-(``scripted_move``): one that follows the aim's words (what using them is worth) and one that
-walks to the cell behind the box before pushing (what knowing where to stand adds).
+reference any learned policy should beat. ``--scripted N`` plays three scripted agents the same way
+(``scripted_move``): one that follows the aim's words (what using them is worth), one that
+walks to the cell behind the box before pushing (what knowing where to stand adds), and one that
+does exactly what the ``--reasoning subgoal`` words say (what following them is worth).
 ``--by-purpose`` also splits each folder's solved
 rate by how purposeful an episode's steps were (does the reward favour stepping towards the box?).
 
@@ -37,7 +38,7 @@ import envs  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from envs.base import extract_tag  # noqa: E402
-from envs.sokoban.env import (ACTIONS, SokobanEnv, aim_words, blocked_move, lookahead_words, move_deltas,  # noqa: E402
+from envs.sokoban.env import (ACTIONS, SokobanEnv, aim_words, blocked_move, lookahead_words, move_deltas, subgoal_words,  # noqa: E402
                               move_index, parse_observed_board)  # noqa: E402
 
 BANDS = ((2, 4), (5, 6), (7, 8))
@@ -109,7 +110,9 @@ def solved_by_purpose(episodes: list[tuple[list[tuple[str, str]], bool]]) -> dic
 
 
 def scripted_move(observation: str, kind: str, rng: np.random.Generator) -> str:
-    """A scripted agent's move, read off the observed board (one box). Both push a box when the
+    """A scripted agent's move, read off the observed board (one box). ``subgoal`` does what
+    :func:`subgoal_words` say: the push on the push spot, else a plain step the ``stand`` words
+    name, else a random state-changing move. The other two push a box when the
     push brings it closer to its goal; otherwise ``aim`` takes a plain step named in the aim's
     ``box`` words (:func:`aim_words`: towards the box), ``spot`` a plain step that brings the
     player closer to a push spot (the cell behind the box, opposite a direction of its goal);
@@ -129,6 +132,11 @@ def scripted_move(observation: str, kind: str, rng: np.random.Generator) -> str:
     steps = [m for m in moves if verdict[m] == "move"]
     box_part, _, goal_part = aim_words(boxes, level.goals, player, width).partition(" goal")  # " box <dirs>", " <dirs>"
     box_words, goal_words = box_part.split()[1:], goal_part.split()
+    if kind == "subgoal":  # the --reasoning subgoal words, followed: the push on the spot, else a named step
+        plan = subgoal_words(level.walls, boxes, level.goals, player, width).split()
+        where, push = plan[1:plan.index("push")] if "push" in plan else [], plan[-1]
+        named = [m for m in moves if (m == push if where == ["here"] else verdict[m] == "move" and m in where)]
+        return str(rng.choice(named or moves))
     if kind == "aim":
         towards = [m for m in steps if m in box_words]
     elif kind == "spot":
@@ -136,7 +144,7 @@ def scripted_move(observation: str, kind: str, rng: np.random.Generator) -> str:
         near = min(_manhattan(player, c, width) for c in spots)
         towards = [m for m in steps if min(_manhattan(player + names[m], c, width) for c in spots) < near]
     else:
-        raise ValueError(f"kind must be aim or spot, got {kind!r}")
+        raise ValueError(f"kind must be aim, spot or subgoal, got {kind!r}")
     return str(rng.choice(pushes or towards or moves))
 
 
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="eval/<phase> folders of Sokoban runs")
     parser.add_argument("--random", type=int, default=0, help="also the random agent, N episodes per level")
     parser.add_argument("--scripted", type=int, default=0,
-                        help="also the two scripted agents of scripted_move (aim, spot), N episodes per level each")
+                        help="also the scripted agents of scripted_move (aim, spot, subgoal), N episodes per level each")
     parser.add_argument("--by-purpose", action="store_true",
                         help="also the solved rate of episodes whose steps go towards the box >= 3/4 of the time, and < 1/2")
     parser.add_argument("--env-kwargs", default='{"preset": "simple", "feedback": false, "board": "letters"}')
@@ -204,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
         turns = [(t.observation, t.reply) for r in records for t in r.turns]
         diag = SokobanEnv.turn_diagnostics(turns)
         extra = f"no-op {diag['noop_rate']:.3f}" + (f", lookahead exact {diag['lookahead_exact']:.3f}" if "lookahead_exact" in diag else "") + (
-            f", aim exact {diag['aim_exact']:.3f}" if "aim_exact" in diag else "")
+            f", aim exact {diag['aim_exact']:.3f}" if "aim_exact" in diag else "") + (
+            f", subgoal exact {diag['subgoal_exact']:.3f} followed {diag['subgoal_followed']:.3f}" if "subgoal_exact" in diag else "")
         extra += f"; {_progress_text(turns)}"
         print(_row(str(folder)[-44:], by, extra))
         if args.by_purpose:
@@ -214,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     agents = [(f"random agent, {args.random} per level", args.random, lambda env, text, rng: env.sample_reply(rng))]
     agents += [(f"scripted {kind}, {args.scripted} per level", args.scripted,
                 lambda env, text, rng, kind=kind: SokobanEnv.format_reply(scripted_move(text, kind, rng)))
-               for kind in ("aim", "spot")]
+               for kind in ("aim", "spot", "subgoal")]
     for name, episodes, reply in agents:
         if episodes:
             by, turns = play(env_kwargs, seeds, episodes, reply, levels)

@@ -64,9 +64,11 @@ _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrst
 #: What a reply writes before its answer (``--reasoning``): nothing, the task's lookahead
 #: (:meth:`MultiTurnEnv.lookahead_text`), the state itself in the task's text notation
 #: (:meth:`MultiTurnEnv.render_text`: a vision task's policy transcribes the image, then answers),
-#: or where the agent's target lies, a comma, then the lookahead (:meth:`MultiTurnEnv.aim_text`:
-#: ``" box Down goal Up, Up wall Down move Left wall Right move"``).
-REASONINGS = ("none", "lookahead", "state", "aim")
+#: where the agent's target lies, a comma, then the lookahead (:meth:`MultiTurnEnv.aim_text`:
+#: ``" box Down goal Up, Up wall Down move Left wall Right move"``), or the next place to reach and
+#: what to do there, a comma, then the lookahead (:meth:`MultiTurnEnv.subgoal_text`:
+#: ``" stand Up Left push Right, Up wall ..."``).
+REASONINGS = ("none", "lookahead", "state", "aim", "subgoal")
 
 
 def reasoning_text(task: Any, mode: str) -> str | None:
@@ -80,6 +82,8 @@ def reasoning_text(task: Any, mode: str) -> str | None:
         return task.render_text()
     if mode == "aim":
         return task.aim_text() + "," + task.lookahead_text()
+    if mode == "subgoal":
+        return task.subgoal_text() + "," + task.lookahead_text()
     raise ValueError(f"reasoning must be one of {REASONINGS}, got {mode!r}")
 
 
@@ -321,6 +325,16 @@ class MultiTurnEnv(gym.Env[dict, str]):
         Optional: tasks without it train with another ``--reasoning``."""
         raise NotImplementedError(
             f"{type(self).__name__} does not implement aim_text(); train it with --reasoning none or lookahead")
+
+    def subgoal_text(self) -> str:
+        """The next place to reach and what to do there, in a few words (Sokoban:
+        ``" stand Up Left push Right"``, the nearest cell from which a push moves the box
+        towards its goal, seen from the player, and that push; ``" stand here push Right"`` on
+        it). With ``--reasoning subgoal`` the pretraining's format replies start with it and the
+        lookahead in a think tag, paired with random moves like every format reply: the words
+        describe the state, and whether the move follows them is left to RL. Optional."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement subgoal_text(); train it with --reasoning none or lookahead")
 
     @classmethod
     def before_batch_step(cls, envs: "Sequence[MultiTurnEnv]", replies: Sequence[str]) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from envs.sokoban.env import ACTIONS as _SOKO_ACTIONS
+
 import envs  # noqa: F401  (registers the tasks)
 from envs.base import IMAGE_PLACEHOLDER
 from envs.sokoban import PRESETS, LevelError, SokobanEnv, SokobanVisionEnv, load_xsb, parse_xsb
@@ -599,7 +601,7 @@ def test_scripted_agents_push_towards_the_goal_and_walk_to_the_box_or_behind_it(
     assert scripted_move(behind["text"], "aim", rng) == "Right" and scripted_move(behind["text"], "spot", rng) == "Right"
     below, _ = env.reset(options={"level": "#######\n#   $.#\n#   @ #\n#######"})  # Up is a push into the wall
     assert {scripted_move(below["text"], "spot", rng) for _ in range(10)} == {"Left"}
-    with pytest.raises(ValueError, match="aim or spot"):
+    with pytest.raises(ValueError, match="aim, spot or subgoal"):
         scripted_move(far["text"], "plan", rng)
 
 
@@ -652,3 +654,40 @@ def test_aim_replies_write_the_aim_then_the_lookahead_and_the_diagnostics_score_
     d = SokobanEnv.turn_diagnostics(turns)
     assert d["aim_turns"] == 6 and d["aim_exact"] == pytest.approx(right_aims / 6)
     assert d["lookahead_turns"] == 6 and d["lookahead_exact"] == 1.0
+
+
+def test_subgoal_names_the_nearest_push_spot_and_the_push_and_the_diagnostics_score_following_it():
+    """``subgoal_words``: the floor cell behind the box from which a push brings it closer to
+    its goal, seen from the player (``here`` on it), then that push; spots in a wall are
+    skipped. The diagnostics score the words and whether the move does what they say."""
+    from envs.base import reasoning_text, think_reply
+    from envs.sokoban.env import subgoal_words
+
+    def words(xsb: str) -> str:
+        level = parse_xsb(xsb)
+        return subgoal_words(level.walls, level.box_mask(), level.goals, level.player, level.width)
+
+    assert words("#######\n#@    #\n#  $ .#\n#     #\n#######") == " stand Down Right push Right"  # spot (2,2)
+    assert words("#######\n#     #\n# @$ .#\n#     #\n#######") == " stand here push Right"
+    assert words("#######\n# .   #\n#     #\n#  $  #\n#   @ #\n#######") == " stand Left push Up"  # spots (4,3) and (3,4) tie: the vertical push
+    assert words("#######\n#.$  @#\n#######") == " stand Left push Left"
+    assert words("####\n#.$#\n#@ #\n####") == " stand none"  # the spot behind the box is a wall
+    assert words("#####\n#@ *#\n#####") == " box none"
+
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    turns, right, follow = [], 0, 0
+    for seed in range(8):
+        obs, _ = env.reset(seed=seed)
+        plan = env.subgoal_text()
+        assert reasoning_text(env, "subgoal") == plan + "," + env.lookahead_text()
+        honest = seed % 2 == 0
+        where, _, push = plan.strip()[len("stand"):].partition(" push ")
+        named = push.strip() if where.strip() == "here" else where.split()[0]
+        move = named if seed % 4 < 2 else next(m for m in _SOKO_ACTIONS if m not in where.split() and m != push.strip())
+        said = plan if honest else " stand Up Up push Up"
+        turns.append((obs["text"], think_reply(said + "," + env.lookahead_text(), f"<answer>{move}</answer>")))
+        right += honest
+        follow += seed % 4 < 2
+    d = SokobanEnv.turn_diagnostics(turns)
+    assert d["subgoal_turns"] == 8 and d["subgoal_exact"] == pytest.approx(right / 8)
+    assert d["subgoal_followed"] == pytest.approx(follow / 8) and d["lookahead_exact"] == 1.0

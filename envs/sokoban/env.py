@@ -106,12 +106,48 @@ def aim_words(boxes: np.ndarray, goals: np.ndarray, player: int, width: int) -> 
     return f" box{direction_words(player_rc, box_rc)} goal{direction_words(box_rc, goal_rc)}"
 
 
+def subgoal_words(walls: np.ndarray, boxes: np.ndarray, goals: np.ndarray, player: int, width: int) -> str:
+    """Where to stand next and which way to push from there: ``" stand Up Left push Right"``.
+    The box and goal are :func:`aim_words`'; a push spot is the floor cell behind the box,
+    opposite a direction of its goal (a push from it brings the box closer); the nearest spot
+    to the player (Manhattan, the vertical push first on a tie) is seen from the player
+    (``here`` when standing on it). Walls between are not planned around. ``" box none"`` once
+    every box is on a goal; ``" stand none"`` when every spot is a wall or a box."""
+    loose, free = np.flatnonzero(boxes & ~goals), np.flatnonzero(goals & ~boxes)
+    if not len(loose) or not len(free):
+        return " box none"
+
+    def dist(a: int, b: int) -> int:
+        return abs(a // width - b // width) + abs(a % width - b % width)
+
+    box = int(min(loose, key=lambda cell: dist(cell, player)))
+    goal = int(min(free, key=lambda cell: dist(cell, box)))
+    deltas = dict(zip(ACTIONS, move_deltas(width)))
+    pushes = [d for d in direction_words(divmod(box, width), divmod(goal, width)).split()]
+    spots = [(box - deltas[d], d) for d in pushes if not walls[box - deltas[d]] and not boxes[box - deltas[d]]]
+    if not spots:
+        return " stand none"
+    spot, push = min(spots, key=lambda s: dist(s[0], player))
+    where = direction_words(divmod(player, width), divmod(spot, width)) or " here"
+    return f" stand{where} push {push}"
+
+
 def move_index(answer: str | None) -> int | None:
     """The index in :data:`ACTIONS` of the move an answer tag's content names (case and
     surrounding punctuation ignored, as the env reads it); None for no answer or no move."""
     if answer is None:
         return None
     return _ACTION_INDEX.get(answer.strip().strip(".!`'\"").strip().lower())
+
+
+def _follows(plan: str, move: int | None) -> bool:
+    """Whether move index ``move`` is what subgoal words ``plan`` name: the push when they say
+    ``here``, else one of the ``stand`` directions."""
+    if move is None or not plan.startswith("stand"):
+        return False
+    where, _, push = plan[len("stand"):].partition(" push ")
+    named = [push.strip()] if where.strip() == "here" else where.split()
+    return ACTIONS[move] in named
 
 
 #: A letters-notation cell -> its XSB character.
@@ -517,6 +553,13 @@ class SokobanEnv(MultiTurnEnv):
         assert self.level is not None, "call reset() first"
         return aim_words(self._boxes, self.level.goals, self._player, self.level.width)
 
+    def subgoal_text(self) -> str:
+        """Where to stand next and which way to push from there (:func:`subgoal_words`):
+        ``" stand Up Left push Right"``. It describes the state; the pretraining pairs it with
+        random moves, so following it is left to RL."""
+        assert self.level is not None, "call reset() first"
+        return subgoal_words(self.level.walls, self._boxes, self.level.goals, self._player, self.level.width)
+
     @classmethod
     def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
         """Over every turn whose observation shows a board: ``noop_moves`` (valid moves played)
@@ -525,8 +568,11 @@ class SokobanEnv(MultiTurnEnv):
         lookahead (``--reasoning lookahead`` or ``aim``), also ``lookahead_turns`` and
         ``lookahead_exact``: how often the think tag ends by naming what all four moves lead to;
         where they write the aim first (``--reasoning aim``), also ``aim_turns`` and
-        ``aim_exact``: how often the think tag's opening words place the box and goal right."""
-        moves = noops = thought = exact = aimed = aim_exact = 0
+        ``aim_exact``: how often the think tag's opening words place the box and goal right;
+        where they write the subgoal first (``--reasoning subgoal``), ``subgoal_turns`` and
+        ``subgoal_exact`` likewise, and ``subgoal_followed``: how often the move is the one the
+        words name (the push on the spot, else a step named in the ``stand`` words)."""
+        moves = noops = thought = exact = aimed = aim_exact = planned = plan_exact = followed = 0
         parsed: dict[str, SokobanLevel | None] = {}
         for observation, reply in turns:
             if observation not in parsed:
@@ -543,6 +589,11 @@ class SokobanEnv(MultiTurnEnv):
                     aimed += 1
                     aim = aim_words(boxes, level.goals, level.player, level.width).strip()
                     aim_exact += think.startswith(aim + ",")
+                elif think.startswith("stand"):
+                    planned += 1
+                    plan = subgoal_words(level.walls, boxes, level.goals, level.player, level.width).strip()
+                    plan_exact += think.startswith(plan + ",")
+                    followed += _follows(plan, move_index(extract_tag(reply)))
             move = move_index(extract_tag(reply))
             if move is None:
                 continue
@@ -553,6 +604,9 @@ class SokobanEnv(MultiTurnEnv):
             out.update(lookahead_turns=float(thought), lookahead_exact=exact / thought)
         if aimed:
             out.update(aim_turns=float(aimed), aim_exact=aim_exact / aimed)
+        if planned:
+            out.update(subgoal_turns=float(planned), subgoal_exact=plan_exact / planned,
+                       subgoal_followed=followed / planned)
         return out
 
     def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
