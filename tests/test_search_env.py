@@ -247,22 +247,39 @@ def test_a_human_can_search_and_answer_through_the_play_cli() -> None:
     assert "<information>" in out.getvalue()
 
 
-def test_random_answers_are_names_places_or_years_from_the_best_passage_found(env: SearchQAEnv) -> None:
+def test_random_answers_are_names_places_or_years_from_the_passages_seen(env: SearchQAEnv) -> None:
+    from envs.search.env import answer_candidates
+
+    rng = np.random.default_rng(0)
+    env.reset(seed=1)
+    assert all(env.unwrapped.sample_reply(rng).startswith("<search>") for _ in range(20))  # nothing seen yet
+    env.step(f"<search>{env.question.question}</search>")
+    seen = answer_candidates(" ".join(env.unwrapped._seen_text))
+    assert _gold(env) in seen and env.unwrapped.random_answers() == seen
+    replies = [env.unwrapped.sample_reply(rng) for _ in range(400)]
+    answers = {r[len("<answer>"):-len("</answer>")] for r in replies if r.startswith("<answer>")}
+    assert 150 < sum(r.startswith("<answer>") for r in replies) < 250 and answers == set(seen)
+    with pytest.raises(ValueError, match="random_answers must be one of"):
+        SearchQAEnv(random_answers="gold")
+
+
+def test_random_answers_from_the_best_passage_found_leave_out_the_question_names() -> None:
     from envs.search.env import answer_candidates
 
     text = ("Grebex Moumoutheind (born 1911) is a painter born in Megras, Tryshusk. The Shekrond clock "
             "was invented by Kremund Disath in 1979.")
     assert answer_candidates(text) == ["Grebex Moumoutheind", "Grebex", "Moumoutheind", "1911", "Megras", "Tryshusk",
                                        "Shekrond", "Kremund Disath", "Kremund", "Disath", "1979"]
+    env = gym.make("freshper/SearchQA-v0", random_answers="best")
     rng = np.random.default_rng(0)
     env.reset(seed=1)  # a one-hop question: one search finds its answer
     task = env.unwrapped
     assert task.random_answers() == []
     assert all(task.sample_reply(rng).startswith("<search>") for _ in range(20))  # nothing seen yet
-    question = env.question.question
+    question = task.question.question
     env.step(f"<search>{question}</search>")
     drawn = task.random_answers()
-    assert _gold(env) in drawn  # the best passage of a search for the whole question holds the answer
+    assert task.question.golden_answers[0] in drawn  # the best passage of a search for the whole question holds the answer
     asked = set(question.rstrip("?").split())
     assert drawn and not any(set(c.split()) & asked for c in drawn)  # nothing the question already names
     top = task._seen_text[0]

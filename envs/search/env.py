@@ -74,6 +74,10 @@ def first_action(reply: str) -> tuple[str, str] | None:
 _NOT_NAMES = frozenset({"The", "In", "It", "Its", "He", "She", "His", "Her", "A", "An", "Doc", "Title"})
 
 
+#: Where :meth:`SearchQAEnv.sample_reply` draws its random answers from (``random_answers``).
+RANDOM_ANSWERS = ("seen", "best")
+
+
 def answer_candidates(text: str) -> list[str]:
     """The short answers a passage text offers, in order, repeats kept: every 4-digit number
     (a year), every run of capitalised words (a name or place, ``"Grebex Moumoutheind"``) and,
@@ -152,9 +156,13 @@ class SearchQAEnv(MultiTurnEnv):
         em_normalization: str = DEFAULT_NORMALIZATION,
         max_title_chars: int = 200,
         format_penalty: float = -0.1,
+        random_answers: str = "seen",
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, format_penalty=format_penalty, render_mode=render_mode)
+        if random_answers not in RANDOM_ANSWERS:
+            raise ValueError(f"random_answers must be one of {RANDOM_ANSWERS}, got {random_answers!r}")
+        self.random_answer_source = random_answers
         if on_retrieval_error not in ("fail", "raise"):
             raise ValueError(f"on_retrieval_error must be 'fail' or 'raise', got {on_retrieval_error!r}")
         if topk < 1 or max_searches < 0 or passage_chars < 1 or max_query_chars < 1 or max_title_chars < 1:
@@ -260,11 +268,9 @@ class SearchQAEnv(MultiTurnEnv):
     # -- the rest of the task contract ------------------------------------------------------
     def sample_reply(self, rng: np.random.Generator) -> str:
         """A random well-formed reply: a search for the question (whole, or a span of 2-5 of
-        its words), or, once passages were seen, an answer drawn uniformly from the names,
-        places and years (:func:`answer_candidates`: what the instructions say an answer is) of
-        the last search's best passage that the question does not already name, or, where that
-        leaves none, of every passage seen. Nothing says which one is right: the draw only
-        prefers what the search found first over what it found earlier or further down."""
+        its words), or, once passages were seen, an answer drawn uniformly from
+        :meth:`random_answers` (names, places and years: what the instructions say an answer
+        is). Nothing says which one is right."""
         candidates = self.random_answers()
         if candidates and rng.random() < 0.5:
             return f"<answer>{candidates[int(rng.integers(len(candidates)))]}</answer>"
@@ -276,9 +282,14 @@ class SearchQAEnv(MultiTurnEnv):
         return f"<search>{' '.join(words[start:start + n])}</search>"
 
     def random_answers(self) -> list[str]:
-        """The answers :meth:`sample_reply` draws from (repeats kept): the candidates of the last
-        search's best passage without those sharing a word with the question, else those of every
-        passage seen, likewise; empty before any passage was seen."""
+        """The answers :meth:`sample_reply` draws from (repeats kept; empty before any passage
+        was seen). ``random_answers="seen"`` (the default): the :func:`answer_candidates` of
+        every passage seen. ``"best"``: those of the last search's best passage that share no
+        word with the question, else (a search that found nothing, or only the question's own
+        names) those of every passage seen, likewise: a lower-entropy draw that prefers what the
+        search found first."""
+        if self.random_answer_source == "seen":
+            return answer_candidates(" ".join(self._seen_text))
         asked = {w.strip("?.,;:'\"") for w in self.question.question.split()}
 
         def new(text: str) -> list[str]:
