@@ -111,3 +111,18 @@ def test_copy_probe_tells_verbatim_searches_and_grounded_answers_from_garbled_on
         shutil.copyfileobj(src, dst)
     plain.unlink()
     assert probe.probe(tmp_path / "random") == good
+
+
+def test_answer_probe_finds_the_passages_candidates_and_a_blind_model_at_the_uniform_share(text_policy):
+    """benchmarks/search_answer_probe.py: the candidates it scores are in the observation and not
+    in the question, and a fresh (blind) model puts about the uniform share of its mass on them."""
+    from benchmarks import search_answer_probe as probe
+
+    cases = probe.states(12)
+    assert len(cases) == 12
+    for text, own, _ in cases:
+        question = text.rsplit("Question: ", 1)[1].split("\n")[0]
+        assert len(own) >= 2 and all(c in text and c not in question for c in own)
+    r = probe.probe(text_policy, cases)
+    assert r["questions"] == 12 and 0.0 < r["uniform_share"] < 1.0
+    assert abs(r["own_mass"] - r["uniform_share"]) < 0.15
