@@ -123,7 +123,7 @@ def subgoal_words(walls: np.ndarray, boxes: np.ndarray, goals: np.ndarray, playe
     box = int(min(loose, key=lambda cell: dist(cell, player)))
     goal = int(min(free, key=lambda cell: dist(cell, box)))
     deltas = dict(zip(ACTIONS, move_deltas(width)))
-    pushes = [d for d in direction_words(divmod(box, width), divmod(goal, width)).split()]
+    pushes = direction_words(divmod(box, width), divmod(goal, width)).split()
     spots = [(box - deltas[d], d) for d in pushes if not walls[box - deltas[d]] and not boxes[box - deltas[d]]]
     if not spots:
         return " stand none"
@@ -565,7 +565,7 @@ class SokobanEnv(MultiTurnEnv):
         """Over every turn whose observation shows a board: ``noop_moves`` (valid moves played)
         and ``noop_rate``, the share of them that changed nothing (into a wall or a blocked box;
         0 for a policy that looks where it steps; NaN with no valid move). Where replies write a
-        lookahead (``--reasoning lookahead`` or ``aim``), also ``lookahead_turns`` and
+        lookahead (``--reasoning lookahead``, ``aim`` or ``subgoal``), also ``lookahead_turns`` and
         ``lookahead_exact``: how often the think tag ends by naming what all four moves lead to;
         where they write the aim first (``--reasoning aim``), also ``aim_turns`` and
         ``aim_exact``: how often the think tag's opening words place the box and goal right;
