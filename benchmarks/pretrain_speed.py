@@ -25,6 +25,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from envs.base import REASONINGS  # noqa: E402
 
 
+def interleaved_step_seconds(jobs: dict, env_id: str, kwargs: dict, rounds: int, seed: int = 0,
+                             log: bool = False) -> dict[str, list[float]]:
+    """Seconds of every pretraining step (``learner.pretrain``) of each ``jobs[name] = (policy,
+    PretrainConfig)``, the jobs taking turns for ``rounds`` rounds (round ``k`` with seed
+    ``seed + k``) so they share the machine's load. The first step of a round warms up and is
+    left out, and so are the held-out losses ``pretrain`` measures before and after."""
+    from learner.pretrain import pretrain
+
+    per_step: dict[str, list[float]] = {name: [] for name in jobs}
+    for round_ in range(rounds):
+        for name, (policy, cfg) in jobs.items():
+            marks: list[float] = []
+            start = time.monotonic()
+            pretrain(policy, env_id, kwargs, cfg, seed=seed + round_, on_step=lambda step, stats: marks.append(time.monotonic()))
+            per_step[name] += np.diff(marks).tolist()
+            if log:
+                print(f"round {round_ + 1}/{rounds} {name}: {time.monotonic() - start:.1f} s with held-out losses",
+                      file=sys.stderr, flush=True)
+    return per_step
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env-id", default="freshper/Sokoban-v0")
@@ -44,21 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     from agents.policy import Policy
     from agents.runner import default_env_kwargs
     from agents.tiny import build_tiny_model
-    from learner.pretrain import PretrainConfig, pretrain
+    from learner.pretrain import PretrainConfig
 
     kwargs = default_env_kwargs(args.env_id, "window:0")
     base = build_tiny_model(envs.task_spec(args.env_id).modality, seed=args.seed)
-    policies = {mode: Policy.from_pretrained(base) for mode in args.reasoning}
-    per_step: dict[str, list[float]] = {mode: [] for mode in args.reasoning}
-    for round_ in range(args.rounds):
-        for mode in args.reasoning:
-            marks: list[float] = []
-            start = time.monotonic()
-            pretrain(policies[mode], args.env_id, kwargs, PretrainConfig(steps=args.steps, reasoning=mode),
-                     seed=args.seed + round_, on_step=lambda step, stats: marks.append(time.monotonic()))
-            per_step[mode] += np.diff(marks).tolist()  # step k's time, k >= 1 (the first one warms up)
-            print(f"round {round_ + 1}/{args.rounds} {mode}: {time.monotonic() - start:.1f} s with held-out losses",
-                  file=sys.stderr, flush=True)
+    jobs = {mode: (Policy.from_pretrained(base), PretrainConfig(steps=args.steps, reasoning=mode)) for mode in args.reasoning}
+    per_step = interleaved_step_seconds(jobs, args.env_id, kwargs, args.rounds, seed=args.seed, log=True)
     first = float(np.median(per_step[args.reasoning[0]]))
     print(f"{'reasoning':<12} {'steps':>6} {'s/step (median)':>16} {'vs ' + args.reasoning[0]:>14}")
     for mode in args.reasoning:

@@ -4,7 +4,7 @@
 
 For each held-out question (from the first evaluation seed on) the probe searches for the whole
 question, takes the names, places and years of the best passage that share no word with the
-question (``answer_candidates``; questions with fewer than two are skipped), and as many from
+question (``unasked_candidates``; questions with fewer than two are skipped), and as many from
 *another* question's best passage, and scores ``<answer>X</answer>`` for every one of them in
 the ``window:0`` prompt (``learner.diagnostics.action_probabilities``, renormalised over the
 set). A policy that reads the passage puts its mass on the passage's own candidates (towards 1);
@@ -25,14 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import envs  # noqa: E402
 from agents.policy import Policy  # noqa: E402
-from envs.search.env import answer_candidates  # noqa: E402
+from envs.search.env import unasked_candidates  # noqa: E402
 from learner.diagnostics import action_probabilities  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE  # noqa: E402
 
 
 def best_passage_candidates(task) -> list[str]:
-    asked = {w.strip("?.,;:'\"") for w in task.question.question.split()}
-    return list(dict.fromkeys(c for c in answer_candidates(task._top_text) if not set(c.split()) & asked))
+    return list(dict.fromkeys(unasked_candidates(task._top_text, task.question.question)))
 
 
 def states(n: int) -> list[tuple[str, list[str], str]]:

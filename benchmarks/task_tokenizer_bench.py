@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from agents.policy import Policy
     from agents.runner import default_env_kwargs
     from agents.tiny import build_tiny_model, task_model
-    from learner.pretrain import PretrainConfig, TransitionStreams, pretrain
+    from benchmarks.pretrain_speed import interleaved_step_seconds
+    from learner.pretrain import PretrainConfig, TransitionStreams
 
     kwargs = default_env_kwargs(args.env_id, "window:0")
     bases = {"shared": build_tiny_model(envs.task_spec(args.env_id).modality), "task": task_model(args.env_id, kwargs)}
@@ -69,13 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                       "answer": float(np.mean([len(tok(f" {a}")["input_ids"]) for a in answers])) if answers else float("nan"),
                       "prompt": float(np.mean([len(policy.chat.first_message(p, [])) for p in prompts]))}
 
-    per_step: dict[str, list[float]] = {name: [] for name in policies}
-    for round_ in range(args.rounds):
-        for name, policy in policies.items():
-            marks: list[float] = []
-            pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch), seed=round_,
-                     on_step=lambda step, stats: marks.append(time.monotonic()))
-            per_step[name] += np.diff(marks).tolist()
+    jobs = {name: (policy, PretrainConfig(steps=args.steps, batch=args.batch)) for name, policy in policies.items()}
+    per_step = interleaved_step_seconds(jobs, args.env_id, kwargs, args.rounds)
     for name in policies:
         rows[name]["step_s"] = float(np.median(per_step[name]))
 

@@ -108,6 +108,13 @@ def answer_candidates(text: str) -> list[str]:
     return out
 
 
+def unasked_candidates(text: str, question: str) -> list[str]:
+    """:func:`answer_candidates` of ``text`` that share no word with ``question`` (a question
+    never asks for the entity it names)."""
+    asked = {w.strip("?.,;:'\"") for w in question.split()}
+    return [c for c in answer_candidates(text) if not set(c.split()) & asked]
+
+
 def shared_retriever(corpus: str | Path | None = None, retrieval_url: str | None = None, *,
                      timeout: float = 10.0, retries: int = 3, backoff: float = 0.5) -> Retriever:
     """One cached retriever per corpus or URL per process, shared by every env that uses it.
@@ -290,12 +297,8 @@ class SearchQAEnv(MultiTurnEnv):
         search found first."""
         if self.random_answer_source == "seen":
             return answer_candidates(" ".join(self._seen_text))
-        asked = {w.strip("?.,;:'\"") for w in self.question.question.split()}
-
-        def new(text: str) -> list[str]:
-            return [c for c in answer_candidates(text) if not set(c.split()) & asked]
-
-        return new(self._top_text) or new(" ".join(self._seen_text))
+        question = self.question.question
+        return unasked_candidates(self._top_text, question) or unasked_candidates(" ".join(self._seen_text), question)
 
     def tokenizer_text(self) -> str:
         """The passages of an in-process corpus (title line, then text), so the embedded tiny

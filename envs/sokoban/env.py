@@ -581,7 +581,7 @@ class SokobanEnv(MultiTurnEnv):
             if level is None or not isinstance(reply, str):
                 continue
             boxes = level.box_mask()
-            think = extract_tag(reply, "think")
+            think, move = extract_tag(reply, "think"), move_index(extract_tag(reply))
             if think is not None:
                 thought += 1
                 exact += states_lookahead(think, lookahead_words(level.walls, boxes, level.player, level.width).strip())
@@ -593,8 +593,7 @@ class SokobanEnv(MultiTurnEnv):
                     planned += 1
                     plan = subgoal_words(level.walls, boxes, level.goals, level.player, level.width).strip()
                     plan_exact += think.startswith(plan + ",")
-                    followed += _follows(plan, move_index(extract_tag(reply)))
-            move = move_index(extract_tag(reply))
+                    followed += _follows(plan, move)
             if move is None:
                 continue
             moves += 1
