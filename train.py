@@ -165,6 +165,10 @@ class Config:
     """after --pretrain-steps, keep pretraining in rounds of 100 steps until the model writes this share of held-out next states exactly (greedy; on two held-out random-play transitions per --pretrain-batch stream, at most 128), up to --pretrain-max-steps; 0: off. Default 0.5 when --pretrain-steps is not given (the embedded default's recipe), else 0"""
     pretrain_max_steps: int | None = None
     """with --pretrain-until-exact: stop there even below the bar (default: 4x --pretrain-steps)"""
+    pretrain_follow_steps: int = 0
+    """a second pretraining stage of this many steps, with --reasoning subgoal: --pretrain-follow of its format replies play a move that does what the think tag's subgoal words say (the task's subgoal_moves), so the model learns what its words mean as a move; the first stage is cached on its own. 0: none"""
+    pretrain_follow: float = 0.5
+    """with --pretrain-follow-steps: the share of the second stage's format replies whose move follows the words (the rest stay random)"""
     reasoning: str = "none"
     """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead; 'subgoal': the next place to reach and what to do there (the task's subgoal_text, e.g. Sokoban's 'stand Up Left push Right'), then the lookahead. Needs --max-new-tokens room for it"""
     think_loss: bool = True
@@ -303,7 +307,7 @@ class Config:
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
-                    "pretrain_until_exact", "pretrain_max_steps", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
+                    "pretrain_until_exact", "pretrain_max_steps", "pretrain_follow_steps", "pretrain_follow", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "tau_signal", "tau_target_clip", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
 
 
@@ -412,6 +416,12 @@ def validate(cfg: Config) -> None:
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
         (cfg.reasoning in REASONINGS, f"--reasoning must be one of {'|'.join(REASONINGS)}, got {cfg.reasoning!r}"),
+        (cfg.pretrain_follow_steps >= 0 and 0.0 <= cfg.pretrain_follow <= 1.0,
+         "--pretrain-follow-steps must be >= 0 and --pretrain-follow in [0, 1]"),
+        (not cfg.pretrain_follow_steps or cfg.reasoning == "subgoal",
+         f"--pretrain-follow-steps needs --reasoning subgoal (the words a move follows), got --reasoning {cfg.reasoning}"),
+        (not cfg.pretrain_follow_steps or cfg.pretrain_seconds is None,
+         "--pretrain-follow-steps builds on a cached first stage: drop --pretrain-seconds"),
         (cfg.temperature > 0 and math.isfinite(cfg.temperature), "--temperature must be a positive number"),
         (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
          and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),
@@ -577,7 +587,7 @@ def setup(cfg: Config) -> Run:
                              f"with them: {exc}") from exc
     modality = envs.task_spec(cfg.env_id).modality
     if cfg.reasoning != "none":
-        check_reasoning(cfg.reasoning, cfg.env_id, cfg.env_kwargs)
+        check_reasoning(cfg.reasoning, cfg.env_id, cfg.env_kwargs, follow=cfg.pretrain_follow_steps > 0)
     configure_threads(cfg.threads)
     update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
     resume = resolve_resume(cfg.resume) if cfg.resume else None
@@ -669,8 +679,9 @@ def think_span(policy) -> tuple[int, int]:
     return ids[0][0], ids[1][0]
 
 
-def check_reasoning(mode: str, env_id: str, env_kwargs: dict[str, Any]) -> None:
-    """Refuse ``--reasoning lookahead|state`` at start for a task that lacks what it needs."""
+def check_reasoning(mode: str, env_id: str, env_kwargs: dict[str, Any], follow: bool = False) -> None:
+    """Refuse ``--reasoning lookahead|state|...`` (and ``--pretrain-follow-steps``, ``follow``)
+    at start for a task that lacks what it needs."""
     import envs
     from envs.base import reasoning_text
 
@@ -678,6 +689,8 @@ def check_reasoning(mode: str, env_id: str, env_kwargs: dict[str, Any]) -> None:
     try:
         env.reset(seed=0)
         reasoning_text(env.unwrapped, mode)
+        if follow:
+            env.unwrapped.subgoal_moves()
     except NotImplementedError as exc:
         raise ValueError(f"--reasoning {mode}: {exc or type(env.unwrapped).__name__ + ' has no text notation of its state'}") from None
     finally:
@@ -694,14 +707,15 @@ def pretrain_config(cfg: Config):
                           lr=cfg.pretrain_lr, dynamics_fraction=cfg.pretrain_dynamics, observe_fraction=cfg.pretrain_observe,
                           reasoning=cfg.reasoning,
                           max_grad_norm=cfg.max_grad_norm,
-                          seconds=cfg.pretrain_seconds, until_exact=until, max_steps=cfg.pretrain_max_steps or 0)
+                          seconds=cfg.pretrain_seconds, until_exact=until, max_steps=cfg.pretrain_max_steps or 0,
+                          follow_steps=cfg.pretrain_follow_steps, follow_fraction=cfg.pretrain_follow)
 
 
 def start_of_rl(run: Run) -> None:
     """Pretrain a given model if asked, evaluate the start of RL (the learning claim's baseline),
     save the KL reference and checkpoint 0, so a resume never repeats any of it."""
     cfg = run.cfg
-    if cfg.model is not None and cfg.pretrain_steps:
+    if cfg.model is not None and (cfg.pretrain_steps or cfg.pretrain_follow_steps):
         from learner.pretrain import pretrain
 
         with torch_threads(run.update_threads):

@@ -38,7 +38,7 @@ import envs  # noqa: E402
 from agents.evaluate import wilson_interval  # noqa: E402
 from agents.record import load_records  # noqa: E402
 from envs.base import extract_tag  # noqa: E402
-from envs.sokoban.env import (ACTIONS, SokobanEnv, aim_words, blocked_move, lookahead_words, move_deltas, subgoal_words,  # noqa: E402
+from envs.sokoban.env import (ACTIONS, SokobanEnv, aim_words, blocked_move, lookahead_words, move_deltas, subgoal_moves,  # noqa: E402
                               move_index, parse_observed_board)  # noqa: E402
 
 BANDS = ((2, 4), (5, 6), (7, 8))
@@ -133,10 +133,7 @@ def scripted_move(observation: str, kind: str, rng: np.random.Generator) -> str:
     box_part, _, goal_part = aim_words(boxes, level.goals, player, width).partition(" goal")  # " box <dirs>", " <dirs>"
     box_words, goal_words = box_part.split()[1:], goal_part.split()
     if kind == "subgoal":  # the --reasoning subgoal words, followed: the push on the spot, else a named step
-        plan = subgoal_words(level.walls, boxes, level.goals, player, width).split()
-        where, push = plan[1:plan.index("push")] if "push" in plan else [], plan[-1]
-        named = [m for m in moves if (m == push if where == ["here"] else verdict[m] == "move" and m in where)]
-        return str(rng.choice(named or moves))
+        return str(rng.choice(subgoal_moves(level.walls, boxes, level.goals, player, width) or moves))
     if kind == "aim":
         towards = [m for m in steps if m in box_words]
     elif kind == "spot":

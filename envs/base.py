@@ -336,6 +336,14 @@ class MultiTurnEnv(gym.Env[dict, str]):
         raise NotImplementedError(
             f"{type(self).__name__} does not implement subgoal_text(); train it with --reasoning none or lookahead")
 
+    def subgoal_moves(self) -> list[str]:
+        """The legal actions that do what :meth:`subgoal_text` says (Sokoban: the push on the
+        push spot, else a step towards it); empty where none does. What a move that follows
+        the words is: ``--pretrain-follow-steps`` pretrains on replies whose move is one of
+        these, so the model learns what its words mean as a move. Optional."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement subgoal_moves(); train it without --pretrain-follow-steps")
+
     @classmethod
     def before_batch_step(cls, envs: "Sequence[MultiTurnEnv]", replies: Sequence[str]) -> None:
         """Called by batched runners with every env of this class that is about to be stepped

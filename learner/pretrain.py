@@ -94,6 +94,14 @@ class PretrainConfig:
     """with ``until_exact``: stop there even below the bar (0: four times ``steps``)"""
     check_every: int = 100
     """with ``until_exact``: steps between two measurements of the held-out exact rate"""
+    follow_steps: int = 0
+    """a second stage of this many steps after the first (built on the first's cached model):
+    its format replies' moves follow the think tag's subgoal words with share ``follow_fraction``
+    (:meth:`~envs.base.MultiTurnEnv.subgoal_moves`), so the model learns what the words mean as
+    a move. Needs ``reasoning="subgoal"``; 0: no second stage"""
+    follow_fraction: float = 0.5
+    """with ``follow_steps``: the share of the second stage's format replies whose move follows
+    the words (a uniform draw among the moves that do; the rest stay random)"""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch < 1:
@@ -112,6 +120,10 @@ class PretrainConfig:
             raise ValueError(f"pretraining lr must be a positive number, got {self.lr}")
         if self.reasoning not in REASONINGS:
             raise ValueError(f"reasoning must be one of {REASONINGS}, got {self.reasoning!r}")
+        if self.follow_steps < 0 or not 0.0 <= self.follow_fraction <= 1.0:
+            raise ValueError("follow_steps must be >= 0 and follow_fraction in [0, 1]")
+        if self.follow_steps and self.reasoning != "subgoal":
+            raise ValueError(f"follow_steps needs reasoning='subgoal' (the words a move follows), got {self.reasoning!r}")
 
 
 @dataclass
@@ -143,7 +155,7 @@ class TransitionStreams:
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int,
                  dynamics_fraction: float, with_images: bool, observe_fraction: float = 0.0,
-                 reasoning: str = "none") -> None:
+                 reasoning: str = "none", follow_fraction: float = 0.0, first_episode: int = 0) -> None:
         from envs.registry import make
 
         self.envs = [make(env_id, **dict(env_kwargs or {})) for _ in range(n)]
@@ -152,8 +164,9 @@ class TransitionStreams:
         self.dynamics_fraction = dynamics_fraction
         self.observe_fraction = observe_fraction
         self.reasoning = reasoning
+        self.follow_fraction = follow_fraction
         self.with_images = with_images
-        self._episodes = 0
+        self._episodes = first_episode
         self._state: list[tuple[dict, str, bool] | None] = [None] * n  # (obs, instructions, first turn)
 
     def close(self) -> None:
@@ -188,6 +201,10 @@ class TransitionStreams:
             if kind == "observe":  # the state as shown -> the state in text (perception alone)
                 out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
                                    "observe"))
+            if kind == "format" and self.follow_fraction > 0 and self.rng.random() < self.follow_fraction:
+                named = task.subgoal_moves()  # the move the think tag's words name, where one does
+                if named:
+                    reply = task.format_reply(named[int(self.rng.integers(len(named)))])
             action = task.describe_action(reply)
             if kind == "format" and self.reasoning != "none":
                 reply = think_reply(reasoning_text(task, self.reasoning), reply)
@@ -253,6 +270,38 @@ def exact_rate(policy, examples: list[Example]) -> float:
 def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
              micro_batch: int = 256, progress: bool = False,
              on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Both stages of ``cfg`` on ``policy`` in place (:func:`pretrain_stage`, then with
+    ``cfg.follow_steps`` :func:`follow_stage`); their report."""
+    report = pretrain_stage(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress,
+                            on_step=on_step)
+    if cfg.follow_steps:
+        report = follow_stage(policy, env_id, env_kwargs, cfg, report, seed=seed, micro_batch=micro_batch,
+                              progress=progress)
+    return report
+
+
+def follow_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig,
+                 first: dict[str, Any], *, seed: int = 0, micro_batch: int = 256,
+                 progress: bool = False) -> dict[str, Any]:
+    """The second stage: ``cfg.follow_steps`` more steps whose format replies' moves follow the
+    subgoal words with share ``cfg.follow_fraction``, on episodes after the first stage's
+    (``first``: its report). Returns the two stages' report: steps, seconds and episodes
+    summed, the losses and exact rate after the second, ``pretrain_follow_*`` for it alone."""
+    stage = dataclasses.replace(cfg, steps=cfg.follow_steps, until_exact=0.0, max_steps=0, follow_steps=0)
+    second = pretrain_stage(policy, env_id, env_kwargs, stage, seed=seed, micro_batch=micro_batch, progress=progress,
+                            follow=cfg.follow_fraction, first_episode=int(first["pretrain_episodes"]))
+    return {**first, **{k: v for k, v in second.items() if k.endswith("_after")},
+            "pretrain_steps": first["pretrain_steps"] + second["pretrain_steps"],
+            "pretrain_seconds": first["pretrain_seconds"] + second["pretrain_seconds"],
+            "pretrain_episodes": first["pretrain_episodes"] + second["pretrain_episodes"], "pretrain_loss_last": second["pretrain_loss_last"],
+            "pretrain_follow_steps": second["pretrain_steps"], "pretrain_follow_seconds": second["pretrain_seconds"],
+            "pretrain_follow_format_nll_before": second.get("pretrain_format_nll_before", float("nan"))}
+
+
+def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
+                   micro_batch: int = 256, progress: bool = False,
+                   on_step: Callable[[int, dict[str, float]], None] | None = None, follow: float = 0.0,
+                   first_episode: int = 0) -> dict[str, Any]:
     """Pretrain ``policy`` in place on ``env_id``'s transitions; return a report (steps, losses
     per kind at the start and end on held-out examples, the held-out dynamics exact rate,
     seconds). With ``cfg.until_exact`` the training goes on past ``cfg.steps`` in rounds of
@@ -261,9 +310,9 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
     from tqdm.auto import tqdm
 
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
-                                cfg.observe_fraction, cfg.reasoning)
+                                cfg.observe_fraction, cfg.reasoning, follow, first_episode)
     held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision,
-                             cfg.observe_fraction, cfg.reasoning)
+                             cfg.observe_fraction, cfg.reasoning, follow)
     try:
         held_examples = held.examples() + held.examples()
     finally:
@@ -282,7 +331,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
     start = time.monotonic()
     losses: list[float] = []
     checks: list[list[float]] = []
-    bar = tqdm(total=cfg.steps, desc="pretrain", unit="step", disable=not progress, dynamic_ncols=True, leave=False)
+    bar = tqdm(total=cfg.steps, desc="pretrain (follow)" if follow else "pretrain", unit="step", disable=not progress, dynamic_ncols=True, leave=False)
     try:
         step = 0
         while step < cap:
@@ -325,7 +374,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
         "pretrain_dynamics_exact_after": exact,
         **({"pretrain_exact_checks": checks, "pretrain_reached_bar": bool(exact >= cfg.until_exact)}
            if cfg.until_exact > 0 else {}),
-        "pretrain_episodes": streams._episodes,
+        "pretrain_episodes": streams._episodes - first_episode,
     }
 
 
@@ -339,6 +388,8 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
     if not recipe["until_exact"]:  # likewise before the exact-rate bar existed
         for name in ("until_exact", "max_steps", "check_every"):
             del recipe[name]
+    if not recipe["follow_steps"]:  # likewise before the follow stage existed
+        del recipe["follow_steps"], recipe["follow_fraction"]
     parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed,
                         random_play_digest(env_id, env_kwargs)]
     blob = json.dumps(parts, sort_keys=True, default=str)
@@ -382,10 +433,19 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
     returns the model folder and its pretraining report (``cached`` says whether it was reused).
     A time cap (``cfg.seconds``) makes the result depend on the machine, so capped runs are
     not cached. ``device``: where the pretraining runs (the cached folder does not depend on it).
+    With ``cfg.follow_steps`` the first stage is built (or found) as a model of its own and the
+    second stage starts from it, so recipes that differ in the second stage share the first.
     """
     from agents.tiny import cache_lock, default_cache_dir, task_model
 
-    base = task_model(env_id, env_kwargs, cache_dir=cache_dir, seed=seed)
+    first: dict[str, Any] | None = None
+    if cfg.follow_steps:
+        base, first = pretrained_default(env_id, env_kwargs, dataclasses.replace(cfg, follow_steps=0), seed=seed,
+                                         cache_dir=cache_dir, micro_batch=micro_batch, progress=progress, device=device)
+        if cfg.seconds is not None:
+            raise ValueError("a time-capped first stage is not cached: give follow_steps without seconds")
+    else:
+        base = task_model(env_id, env_kwargs, cache_dir=cache_dir, seed=seed)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     task = env_id.split("/")[-1]
     target = root / f"pretrained-{task}-s{seed}-{cache_key(base, env_id, env_kwargs, cfg, seed)}"
@@ -394,18 +454,23 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
         if (target / MARKER).exists():
             report = json.loads((target / MARKER).read_text(encoding="utf-8"))
             return target, {**report, "cached": True}
-        return _build(base, target, root, task, env_id, env_kwargs, cfg, seed, micro_batch, progress, device)
+        return _build(base, target, root, task, env_id, env_kwargs, cfg, seed, micro_batch, progress, device, first)
 
 
 def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwargs: dict[str, Any] | None,
            cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool,
-           device: str = "cpu") -> tuple[Path, dict[str, Any]]:
+           device: str = "cpu", first: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     from agents.policy import Policy
     from agents.tiny import staged_folder
 
     policy = Policy.from_pretrained(base, device=device)
     torch.manual_seed(seed)
-    report = pretrain(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress)
+    if first is not None:  # base is the first stage's model: only the second stage runs here
+        first = {k: v for k, v in first.items() if k not in ("cached", "env_id", "env_kwargs", "base_model", "recipe")}
+        report = follow_stage(policy, env_id, env_kwargs, cfg, first, seed=seed, micro_batch=micro_batch,
+                              progress=progress)
+    else:
+        report = pretrain(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress)
     if cfg.seconds is not None:  # machine-dependent: keep it in a folder that is not reused
         target = root / f".uncached-{task}-s{seed}-{os.getpid()}"
     with staged_folder(root, f".pretrain-{task}-", target) as tmp:

@@ -132,6 +132,22 @@ def subgoal_words(walls: np.ndarray, boxes: np.ndarray, goals: np.ndarray, playe
     return f" stand{where} push {push}"
 
 
+def subgoal_moves(walls: np.ndarray, boxes: np.ndarray, goals: np.ndarray, player: int, width: int) -> list[str]:
+    """The moves that do what :func:`subgoal_words` say, in :data:`ACTIONS` order: the push when
+    the player stands on the push spot (``here``), else the plain steps (onto free floor or a
+    goal, not a push) in a ``stand`` direction; empty where none does (``box none``, ``stand
+    none``, or a named step into a wall: the words do not plan around walls)."""
+    plan = subgoal_words(walls, boxes, goals, player, width).split()
+    if plan[0] != "stand" or "push" not in plan:
+        return []
+    said = lookahead_words(walls, boxes, player, width).split()
+    verdict = dict(zip(said[0::2], said[1::2]))
+    where, push = plan[1:plan.index("push")], plan[-1]
+    if where == ["here"]:
+        return [push] if verdict[push] == "push" else []
+    return [m for m in ACTIONS if m in where and verdict[m] == "move"]
+
+
 def move_index(answer: str | None) -> int | None:
     """The index in :data:`ACTIONS` of the move an answer tag's content names (case and
     surrounding punctuation ignored, as the env reads it); None for no answer or no move."""
@@ -559,6 +575,12 @@ class SokobanEnv(MultiTurnEnv):
         random moves, so following it is left to RL."""
         assert self.level is not None, "call reset() first"
         return subgoal_words(self.level.walls, self._boxes, self.level.goals, self._player, self.level.width)
+
+    def subgoal_moves(self) -> list[str]:
+        """The moves that do what :meth:`subgoal_text` says (:func:`subgoal_moves`): the push on
+        the push spot, else a plain step in a ``stand`` direction; empty where none does."""
+        assert self.level is not None, "call reset() first"
+        return subgoal_moves(self.level.walls, self._boxes, self.level.goals, self._player, self.level.width)
 
     @classmethod
     def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
