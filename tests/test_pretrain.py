@@ -431,7 +431,7 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
         key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
     old = dataclasses.asdict(plain)
     del old["observe_fraction"], old["reasoning"]  # the recipe as it was before these fields
-    del old["until_exact"], old["max_steps"], old["check_every"]
+    del old["until_exact"], old["max_steps"], old["check_every"], old["follow_steps"], old["follow_fraction"]
     import hashlib
     import json
 
@@ -529,3 +529,23 @@ def test_a_task_with_text_of_its_own_gets_a_tokenizer_that_knows_its_names(tmp_p
     assert np.mean([b for b, _ in per_name]) < 0.4 * np.mean([s for _, s in per_name])
     for tag in ("<search>", "<answer>", "</answer>"):  # the reply tags stay single tokens
         assert len(big(tag)["input_ids"]) == 1
+
+
+def test_the_follow_stage_builds_on_the_cached_first_stage(tmp_path) -> None:
+    """``follow_steps``: the first stage is cached as a model of its own (the key of a recipe
+    without a follow stage is unchanged), the second starts from it, and the report sums them."""
+    kwargs = {"preset": "simple", "feedback": False, "board": "letters"}
+    first_cfg = PretrainConfig(steps=3, batch=8, reasoning="subgoal")
+    cfg = dataclasses.replace(first_cfg, follow_steps=2, follow_fraction=1.0)
+    path, report = pretrained_default("freshper/Sokoban-v0", kwargs, cfg, seed=0, cache_dir=tmp_path)
+    first, first_report = pretrained_default("freshper/Sokoban-v0", kwargs, first_cfg, seed=0, cache_dir=tmp_path)
+    assert first_report["cached"] and first != path  # built on the way, found again
+    assert report["pretrain_steps"] == 5 and report["pretrain_follow_steps"] == 2
+    assert report["pretrain_episodes"] > first_report["pretrain_episodes"]
+    import json
+
+    assert json.loads((path / "freshper_pretrain.json").read_text())["base_model"] == first.name
+    again, report2 = pretrained_default("freshper/Sokoban-v0", kwargs, cfg, seed=0, cache_dir=tmp_path)
+    assert again == path and report2["cached"]
+    with pytest.raises(ValueError, match="subgoal"):
+        PretrainConfig(reasoning="lookahead", follow_steps=2)

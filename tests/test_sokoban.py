@@ -691,3 +691,76 @@ def test_subgoal_names_the_nearest_push_spot_and_the_push_and_the_diagnostics_sc
     d = SokobanEnv.turn_diagnostics(turns)
     assert d["subgoal_turns"] == 8 and d["subgoal_exact"] == pytest.approx(right / 8)
     assert d["subgoal_followed"] == pytest.approx(follow / 8) and d["lookahead_exact"] == 1.0
+
+
+def test_subgoal_moves_are_the_push_on_the_spot_else_a_plain_step_the_words_name():
+    """``subgoal_moves``: what a move that follows the subgoal words is (the pretraining's
+    follow stage plays one): the push standing on the spot, a plain step in a ``stand``
+    direction otherwise, none where the words name no spot or every named step hits a wall."""
+    from envs.base import think_reply
+    from envs.sokoban.env import subgoal_moves
+
+    def moves(xsb: str) -> list[str]:
+        level = parse_xsb(xsb)
+        return subgoal_moves(level.walls, level.box_mask(), level.goals, level.player, level.width)
+
+    assert moves("#######\n#@    #\n#  $ .#\n#     #\n#######") == ["Down", "Right"]  # stand Down Right
+    assert moves("#######\n#     #\n# @$ .#\n#     #\n#######") == ["Right"]  # here: the push
+    assert moves("#######\n#.$  @#\n#######") == ["Left"]
+    assert moves("####\n#.$#\n#@ #\n####") == []  # stand none
+    assert moves("#####\n#@ *#\n#####") == []  # box none
+    assert moves("#######\n#  $ .#\n##    #\n#@    #\n#######") == ["Right"]  # stand Up Right: Up is a wall
+    env = SokobanEnv(preset="simple", feedback=False, board="letters")
+    for seed in range(20):  # on generated levels every such move changes the state and follows the words
+        obs, _ = env.reset(seed=seed)
+        plan = env.subgoal_text()
+        for move in env.subgoal_moves():
+            assert move in env.effective_actions()
+            reply = think_reply(plan + "," + env.lookahead_text(), f"<answer>{move}</answer>")
+            assert SokobanEnv.turn_diagnostics([(obs["text"], reply)])["subgoal_followed"] == 1.0
+
+
+def test_the_follow_stage_plays_the_moves_the_words_name_and_leaves_the_first_stage_alone():
+    """``TransitionStreams(follow_fraction=1)``: every format reply whose board has a move that
+    follows the subgoal words plays one; with the default 0 the stream is the one of before
+    (no extra draw)."""
+    from envs.sokoban.env import parse_observed_board, subgoal_moves
+    from learner.pretrain import TransitionStreams
+
+    kwargs = {"preset": "simple", "feedback": False, "board": "letters"}
+
+    def formats(follow: float) -> list:
+        streams = TransitionStreams("freshper/Sokoban-v0", kwargs, n=8, seed=0, dynamics_fraction=0.5,
+                                    with_images=False, reasoning="subgoal", follow_fraction=follow)
+        try:
+            return [ex for _ in range(6) for ex in streams.examples()]
+        finally:
+            streams.close()
+
+    followed, named = 0, 0
+    for ex in formats(1.0):
+        if ex.kind != "format":
+            continue
+        level = parse_observed_board(ex.text)
+        moves = subgoal_moves(level.walls, level.box_mask(), level.goals, level.player, level.width)
+        move = ex.reply.split("<answer>")[1].split("</answer>")[0]
+        named += bool(moves)
+        followed += move in moves
+        if moves:
+            assert move in moves
+    assert named > 10 and followed == named
+    base = formats(0.0)
+    streams = TransitionStreams("freshper/Sokoban-v0", kwargs, n=8, seed=0, dynamics_fraction=0.5,
+                                with_images=False, reasoning="subgoal")
+    try:
+        assert [ex.reply for _ in range(6) for ex in streams.examples()] == [ex.reply for ex in base]
+    finally:
+        streams.close()
+    random_follow = []
+    for ex in base:
+        if ex.kind == "format":
+            level = parse_observed_board(ex.text)
+            moves = subgoal_moves(level.walls, level.box_mask(), level.goals, level.player, level.width)
+            if moves:
+                random_follow.append(ex.reply.split("<answer>")[1].split("</answer>")[0] in moves)
+    assert np.mean(random_follow) < 0.8  # random moves follow the words far less often

@@ -368,6 +368,13 @@ def test_the_default_pretraining_goes_on_until_it_writes_next_states_and_a_given
     with pytest.raises(ValueError, match="--pretrain-max-steps"):
         train.validate(train.Config(pretrain_max_steps=100))
     assert "pretrain_until_exact" in train.LOCKED_ON_RESUME and "pretrain_max_steps" in train.LOCKED_ON_RESUME
+    follow = train.pretrain_config(train.Config(reasoning="subgoal", pretrain_follow_steps=40, pretrain_follow=0.25))
+    assert (follow.follow_steps, follow.follow_fraction) == (40, 0.25)
+    with pytest.raises(ValueError, match="--pretrain-follow-steps needs --reasoning subgoal"):
+        train.validate(train.Config(reasoning="lookahead", pretrain_follow_steps=40))
+    with pytest.raises(ValueError, match="--pretrain-follow"):
+        train.validate(train.Config(reasoning="subgoal", pretrain_follow_steps=40, pretrain_follow=1.5))
+    assert "pretrain_follow_steps" in train.LOCKED_ON_RESUME and "pretrain_follow" in train.LOCKED_ON_RESUME
 
 
 def test_turn_level_advantages_train_and_replay(tmp_path: Path) -> None:
