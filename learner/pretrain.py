@@ -99,7 +99,7 @@ class PretrainConfig:
     its format replies' moves follow the think tag's subgoal words with share ``follow_fraction``
     (:meth:`~envs.base.MultiTurnEnv.subgoal_moves`), so the model learns what the words mean as
     a move. Needs ``reasoning="subgoal"``; 0: no second stage"""
-    follow_fraction: float = 0.5
+    follow_fraction: float = 1.0
     """with ``follow_steps``: the share of the second stage's format replies whose move follows
     the words (a uniform draw among the moves that do; the rest stay random)"""
 

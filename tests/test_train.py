@@ -343,17 +343,26 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("env_id", ["freshper/FrozenLake-v0", "freshper/FrozenLakeVision-v0", "freshper/Sokoban-v0",
                                     "freshper/SokobanVision-v0", "freshper/SearchQA-v0"])
 def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, env_id: str, monkeypatch) -> None:
+    """Sokoban with its config's think tag and a follow stage (two pretraining stages, the first
+    cached on its own); the others with the bare reply."""
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    follow = env_id == "freshper/Sokoban-v0"
+    extra = dict(reasoning="subgoal", pretrain_follow_steps=2, max_new_tokens=8) if follow else dict(max_new_tokens=6)
     summary = train.train(tiny_config(tmp_path, run_name="t", env_id=env_id, iterations=2, pretrain_steps=2,
-                                      pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=6))
+                                      pretrain_batch=4, eval_every=0, gifs=0, **extra))
     rows = read_metrics(tmp_path / "t" / "metrics.jsonl")
     (pre,) = [r for r in rows if r["kind"] == "pretrain"]
-    assert pre["pretrain_steps"] == 2 and not pre["cached"]
+    assert pre["pretrain_steps"] == (4 if follow else 2) and not pre["cached"]
     trains = [r for r in rows if r["kind"] == "train"]
     assert len(trains) == 2 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in trains)
     assert summary["iterations"] == 2 and "final" in summary["evals"]
-    assert "the start: pretrained 2 steps on the task's transitions, held-out next states written exactly" \
+    steps = "4 steps (the last 2 following the subgoal words)" if follow else "2 steps"
+    assert f"the start: pretrained {steps} on the task's transitions, held-out next states written exactly" \
         in (tmp_path / "t" / "summary.txt").read_text(encoding="utf-8")
+    if follow:
+        assert pre["pretrain_follow_steps"] == 2
+        assert len(list((tmp_path / "cache").glob("pretrained-Sokoban-v0-s0-*"))) == 2  # the first stage too
+
 
 
 def test_the_default_pretraining_goes_on_until_it_writes_next_states_and_a_given_recipe_does_not() -> None:
