@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         diag = SokobanEnv.turn_diagnostics(turns)
         extra = f"no-op {diag['noop_rate']:.3f}" + (f", lookahead exact {diag['lookahead_exact']:.3f}" if "lookahead_exact" in diag else "") + (
             f", aim exact {diag['aim_exact']:.3f}" if "aim_exact" in diag else "") + (
-            f", subgoal exact {diag['subgoal_exact']:.3f} followed {diag['subgoal_followed']:.3f}" if "subgoal_exact" in diag else "")
+            f", subgoal exact {diag['subgoal_exact']:.3f} followed {diag['subgoal_followed']:.3f} obeyed {diag['subgoal_obeyed']:.3f}" if "subgoal_exact" in diag else "")
         extra += f"; {_progress_text(turns)}"
         print(_row(str(folder)[-44:], by, extra))
         if args.by_purpose:

@@ -691,6 +691,11 @@ def test_subgoal_names_the_nearest_push_spot_and_the_push_and_the_diagnostics_sc
     d = SokobanEnv.turn_diagnostics(turns)
     assert d["subgoal_turns"] == 8 and d["subgoal_exact"] == pytest.approx(right / 8)
     assert d["subgoal_followed"] == pytest.approx(follow / 8) and d["lookahead_exact"] == 1.0
+    obs, _ = env.reset(seed=0)
+    wrong = " stand Up Up push Up" if "Up" not in env.subgoal_text() else " stand Down Down push Down"
+    named = wrong.split()[1]
+    d = SokobanEnv.turn_diagnostics([(obs["text"], think_reply(wrong + "," + env.lookahead_text(), f"<answer>{named}</answer>"))])
+    assert (d["subgoal_exact"], d["subgoal_followed"], d["subgoal_obeyed"]) == (0.0, 0.0, 1.0)  # does what its wrong words say
 
 
 def test_subgoal_moves_are_the_push_on_the_spot_else_a_plain_step_the_words_name():

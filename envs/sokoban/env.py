@@ -592,9 +592,11 @@ class SokobanEnv(MultiTurnEnv):
         where they write the aim first (``--reasoning aim``), also ``aim_turns`` and
         ``aim_exact``: how often the think tag's opening words place the box and goal right;
         where they write the subgoal first (``--reasoning subgoal``), ``subgoal_turns`` and
-        ``subgoal_exact`` likewise, and ``subgoal_followed``: how often the move is the one the
-        words name (the push on the spot, else a step named in the ``stand`` words)."""
-        moves = noops = thought = exact = aimed = aim_exact = planned = plan_exact = followed = 0
+        ``subgoal_exact`` likewise, ``subgoal_followed``: how often the move is the one the right
+        words name (the push on the spot, else a step named in the ``stand`` words), and
+        ``subgoal_obeyed``: how often it is the one the reply's own words name, right or wrong
+        (the link from the words to the move)."""
+        moves = noops = thought = exact = aimed = aim_exact = planned = plan_exact = followed = obeyed = 0
         parsed: dict[str, SokobanLevel | None] = {}
         for observation, reply in turns:
             if observation not in parsed:
@@ -616,6 +618,7 @@ class SokobanEnv(MultiTurnEnv):
                     plan = subgoal_words(level.walls, boxes, level.goals, level.player, level.width).strip()
                     plan_exact += think.startswith(plan + ",")
                     followed += _follows(plan, move)
+                    obeyed += _follows(think.split(",")[0].strip(), move)
             if move is None:
                 continue
             moves += 1
@@ -627,7 +630,7 @@ class SokobanEnv(MultiTurnEnv):
             out.update(aim_turns=float(aimed), aim_exact=aim_exact / aimed)
         if planned:
             out.update(subgoal_turns=float(planned), subgoal_exact=plan_exact / planned,
-                       subgoal_followed=followed / planned)
+                       subgoal_followed=followed / planned, subgoal_obeyed=obeyed / planned)
         return out
 
     def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
