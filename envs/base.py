@@ -35,6 +35,10 @@ what a task declares or implements         what it is for / the default
 ``aim_text()``                             optional: where what the agent works towards lies
                                            relative to it, in a few words (``--reasoning aim``
                                            writes it before the lookahead)
+``subgoal_text()``                         optional: the next place to reach and what to do
+                                           there (``--reasoning subgoal``)
+``subgoal_moves()``                        optional: the legal actions that do what the
+                                           subgoal says (``--pretrain-follow-steps``)
 ``counterfactual_probes(rng, n)``          none
 ``before_batch_step(envs, replies)``       class method; nothing
 ``turn_diagnostics(turns)``                class method; ``{}``: task-specific numbers over
@@ -332,7 +336,8 @@ class MultiTurnEnv(gym.Env[dict, str]):
         towards its goal, seen from the player, and that push; ``" stand here push Right"`` on
         it). With ``--reasoning subgoal`` the pretraining's format replies start with it and the
         lookahead in a think tag, paired with random moves like every format reply: the words
-        describe the state, and whether the move follows them is left to RL. Optional."""
+        describe the state, and whether the move follows them is left to RL, or to a follow stage
+        (:meth:`subgoal_moves`). Optional."""
         raise NotImplementedError(
             f"{type(self).__name__} does not implement subgoal_text(); train it with --reasoning none or lookahead")
 

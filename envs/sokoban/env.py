@@ -572,7 +572,7 @@ class SokobanEnv(MultiTurnEnv):
     def subgoal_text(self) -> str:
         """Where to stand next and which way to push from there (:func:`subgoal_words`):
         ``" stand Up Left push Right"``. It describes the state; the pretraining pairs it with
-        random moves, so following it is left to RL."""
+        random moves, so following it is left to RL, or to a follow stage (:meth:`subgoal_moves`)."""
         assert self.level is not None, "call reset() first"
         return subgoal_words(self.level.walls, self._boxes, self.level.goals, self._player, self.level.width)
 
