@@ -294,6 +294,8 @@ def follow_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pr
             "pretrain_steps": first["pretrain_steps"] + second["pretrain_steps"],
             "pretrain_seconds": first["pretrain_seconds"] + second["pretrain_seconds"],
             "pretrain_episodes": first["pretrain_episodes"] + second["pretrain_episodes"], "pretrain_loss_last": second["pretrain_loss_last"],
+            # a follow stage alone (``--model`` with no first-stage steps) starts the loss curve itself
+            "pretrain_loss_first": first["pretrain_loss_first"] if first["pretrain_steps"] else second["pretrain_loss_first"],
             "pretrain_follow_steps": second["pretrain_steps"], "pretrain_follow_seconds": second["pretrain_seconds"],
             "pretrain_follow_format_nll_before": second.get("pretrain_format_nll_before", float("nan"))}
 
