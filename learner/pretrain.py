@@ -442,10 +442,10 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
 
     first: dict[str, Any] | None = None
     if cfg.follow_steps:
+        if cfg.seconds is not None:  # refused before the first stage is built, not after
+            raise ValueError("a time-capped first stage is not cached: give follow_steps without seconds")
         base, first = pretrained_default(env_id, env_kwargs, dataclasses.replace(cfg, follow_steps=0), seed=seed,
                                          cache_dir=cache_dir, micro_batch=micro_batch, progress=progress, device=device)
-        if cfg.seconds is not None:
-            raise ValueError("a time-capped first stage is not cached: give follow_steps without seconds")
     else:
         base = task_model(env_id, env_kwargs, cache_dir=cache_dir, seed=seed)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
