@@ -170,6 +170,34 @@ def pair_lines(label: str, pairs: list[tuple[str, dict[int, RunResult], dict[int
     return [label, "", "| pair (A - B) | seeds | final: A - B | curve mean: A - B |", "|---|---|---|---|", *rows, ""]
 
 
+def along_lines(by_seed: dict[str, dict[int, RunResult]], arms: list[str]) -> list[str]:
+    """Each replay arm against on-policy at every held-out evaluation of the run (paired on seeds,
+    matched by environment episodes): where one method gets ahead, not only where it ends."""
+    base = by_seed.get("none", {})
+    others = [m for m in arms if m != "none" and set(by_seed.get(m, {})) & set(base)]
+    if not others:
+        return []
+
+    def at(run: RunResult) -> dict[float, float]:
+        return {episodes: success for episodes, _, success in run.evals}  # the final evaluation wins a tie
+
+    points = sorted(set.intersection(*[set(at(r)) for m in ["none", *others] for r in by_seed[m].values()]))
+    if len(points) < 2:
+        return []
+    rows = []
+    for episodes in points:
+        cells = [f"{np.mean([at(r)[episodes] for r in base.values()]):.3f}"]
+        for m in others:
+            d = [at(by_seed[m][s])[episodes] - at(base[s])[episodes] for s in by_seed[m] if s in base]
+            cells.append(f"{np.mean([at(r)[episodes] for r in by_seed[m].values()]):.3f}")
+            cells.append(f"{_ci(d)}, {sum(x > 0 for x in d)} of {len(d)} ahead")
+        rows.append(f"| {episodes:,.0f} | " + " | ".join(cells) + " |")
+    head = "| episodes | none | " + " | ".join(f"{m} | {m} - none" for m in others) + " |"
+    return ["Along the way: held-out success at each evaluation (the start of RL, the periodic evaluations on "
+            "64 tasks, the final one on 200), and each replay arm minus on-policy on the same seeds:", "",
+            head, "|---|" + "---|" * (1 + 2 * len(others)), *rows, ""]
+
+
 def _plot(task: str, label: str, results: dict[str, list[RunResult]], out: Path) -> None:
     import matplotlib
 
@@ -345,6 +373,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
         details += pair_lines("Paired differences between the methods (same seeds; final and curve mean as in the "
                               "table):", [(f"{a} - {b}", by_seed[a], by_seed[b]) for i, a in enumerate(main_arms)
                                           for b in main_arms[i + 1:]])
+        details += along_lines(by_seed, [m for m in METHODS if by_seed.get(m)])
         if against is not None:
             other = {m: {s: r for s in seeds if (r := read_run(against / task / f"{m}_s{s}")) is not None}
                      for m in by_seed}

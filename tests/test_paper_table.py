@@ -29,6 +29,11 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     assert "python benchmarks/paper_table.py" in text
     assert "| final - best | curve mean |" in text
     assert "| fresh - per | 1 |" in text and "| per - none | 1 |" in text and "| none - fresh |" not in text
+    # along the way: every replay arm against on-policy at each evaluation, from the same start
+    along = text.split("Along the way")[1].split("\n\n")[1].splitlines()
+    assert along[0] == "| episodes | none | per | per - none | fresh | fresh - none | uniform | uniform - none |"
+    assert along[2].startswith("| 0 | ") and along[2].count("0.000, 0 of 1 ahead") == 3  # the start of RL is shared
+    assert [row.split(" | ")[0] for row in along[3:]] == ["| 4", "| 8"]  # after each iteration of 2 x 2 episodes
     # a second call reruns nothing (finished runs are kept) and rewrites the same table
     again = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert "0 runs to do" in again.stdout
