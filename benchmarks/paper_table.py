@@ -343,7 +343,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
              "drop = final - best, curve mean = the mean of the periodic evaluations (the area under the learning "
              "curve per evaluation: how early a method gets there, not only where it ends). Every method of a "
              "task has the same environment-episode budget.", ""]
-    header = ("| task | method | seeds | final | best | final - best | curve mean | vs on-policy (final) "
+    header = ("| task | method | seeds | final | best | final - best | curve mean | vs on-policy (final, same seeds) "
               "| paired: final - on-policy's, same seeds |")
     lines += [header, "|---|---|---|---|---|---|---|---|---|"]
     details: list[str] = []
@@ -355,12 +355,16 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
             runs = {s: read_run(out / task / f"{method}_s{s}") for s in seeds}
             by_seed[method] = {s: r for s, r in runs.items() if r is not None}
             results[method] = list(by_seed[method].values())
-        base = np.mean([r.final for r in results.get("none", [])]) if results.get("none") else float("nan")
+        none_by_seed = by_seed.get("none", {})
         for method, runs in results.items():
             if not runs:
                 continue
             finals, bests = [r.final for r in runs], [r.best for r in runs]
-            rel = (np.mean(finals) - base) / base * 100 if base and math.isfinite(base) and base > 0 else float("nan")
+            # relative to on-policy on the same seeds (an arm with fewer seeds is not set against other starts)
+            same = [none_by_seed[s].final for s in by_seed[method] if s in none_by_seed]
+            base = float(np.mean(same)) if same else float("nan")
+            rel = ((np.mean([by_seed[method][s].final for s in by_seed[method] if s in none_by_seed]) - base) / base * 100
+                   if same and base > 0 else float("nan"))
             paired = _paired(by_seed[method], by_seed.get("none", {})) if method != "none" else []
             paired_text = f"{_ci(paired)} (n={len(paired)})" if paired else ""
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
