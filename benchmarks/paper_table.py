@@ -178,18 +178,18 @@ def along_lines(by_seed: dict[str, dict[int, RunResult]], arms: list[str]) -> li
     if not others:
         return []
 
-    def at(run: RunResult) -> dict[float, float]:
-        return {episodes: success for episodes, _, success in run.evals}  # the final evaluation wins a tie
-
-    points = sorted(set.intersection(*[set(at(r)) for m in ["none", *others] for r in by_seed[m].values()]))
+    # success by environment episodes, per arm and seed (the final evaluation wins a tie)
+    at = {m: {s: {episodes: success for episodes, _, success in r.evals} for s, r in by_seed[m].items()}
+          for m in ["none", *others]}
+    points = sorted(set.intersection(*[set(curve) for seeds in at.values() for curve in seeds.values()]))
     if len(points) < 2:
         return []
     rows = []
     for episodes in points:
-        cells = [f"{np.mean([at(r)[episodes] for r in base.values()]):.3f}"]
+        cells = [f"{np.mean([curve[episodes] for curve in at['none'].values()]):.3f}"]
         for m in others:
-            d = [at(by_seed[m][s])[episodes] - at(base[s])[episodes] for s in by_seed[m] if s in base]
-            cells.append(f"{np.mean([at(r)[episodes] for r in by_seed[m].values()]):.3f}")
+            d = [curve[episodes] - at["none"][s][episodes] for s, curve in at[m].items() if s in base]
+            cells.append(f"{np.mean([curve[episodes] for curve in at[m].values()]):.3f}")
             cells.append(f"{_ci(d)}, {sum(x > 0 for x in d)} of {len(d)} ahead")
         rows.append(f"| {episodes:,.0f} | " + " | ".join(cells) + " |")
     head = "| episodes | none | " + " | ".join(f"{m} | {m} - none" for m in others) + " |"
@@ -355,17 +355,15 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
             runs = {s: read_run(out / task / f"{method}_s{s}") for s in seeds}
             by_seed[method] = {s: r for s, r in runs.items() if r is not None}
             results[method] = list(by_seed[method].values())
-        none_by_seed = by_seed.get("none", {})
+        on_policy = by_seed.get("none", {})
         for method, runs in results.items():
             if not runs:
                 continue
             finals, bests = [r.final for r in runs], [r.best for r in runs]
+            paired = _paired(by_seed[method], on_policy) if method != "none" else []
             # relative to on-policy on the same seeds (an arm with fewer seeds is not set against other starts)
-            same = [none_by_seed[s].final for s in by_seed[method] if s in none_by_seed]
-            base = float(np.mean(same)) if same else float("nan")
-            rel = ((np.mean([by_seed[method][s].final for s in by_seed[method] if s in none_by_seed]) - base) / base * 100
-                   if same and base > 0 else float("nan"))
-            paired = _paired(by_seed[method], by_seed.get("none", {})) if method != "none" else []
+            base = np.mean([on_policy[s].final for s in by_seed[method] if s in on_policy]) if paired else float("nan")
+            rel = np.mean(paired) / base * 100 if paired and base > 0 else float("nan")
             paired_text = f"{_ci(paired)} (n={len(paired)})" if paired else ""
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
                          f"{np.mean(np.subtract(finals, bests)):+.3f} | {_ci([r.curve_mean for r in runs])} | {f'{rel:+.0f}%' if math.isfinite(rel) and method != 'none' else ''} "
