@@ -102,7 +102,10 @@ class RunResult:
 
 UPDATE_KEYS = {"grad_norm": "on-policy update: gradient norm", "replay_grad_norm": "replay update: gradient norm",
                "replay_weight_mean": "replay update: mean IS weight",
-               "tokens": "on-policy update: reply tokens", "replay_tokens": "replay update: reply tokens"}
+               "tokens": "on-policy update: reply tokens", "replay_tokens": "replay update: reply tokens",
+               # a mean gradient norm can be set by a few outliers: its median, and how many the clip cut
+               "replay_grad_norm_median": "replay update: median gradient norm",
+               "replay_clipped": "replay updates above the clip"}
 
 
 def read_run(run: Path) -> RunResult | None:
@@ -124,6 +127,13 @@ def read_run(run: Path) -> RunResult | None:
     replayed = [r for r in trains if r.get("buffer_size") and "replay_grad_norm" in r]
     updates = {k: float(np.mean([r[k] for r in replayed if k in r])) for k in UPDATE_KEYS
                if any(k in r for r in replayed)}
+    if replayed:
+        import yaml
+
+        config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) if (run / "config.yaml").exists() else {}
+        norms = np.array([r["replay_grad_norm"] for r in replayed])
+        updates["replay_grad_norm_median"] = float(np.median(norms))
+        updates["replay_clipped"] = float(np.mean(norms > float((config or {}).get("max_grad_norm", 1.0))))
     periodic = [r["success"] for r in evals if str(r.get("phase", "")).startswith("iter_")]
     return RunResult(final=final["success"], best=max(s for _, _, s in curve) if curve else final["success"],
                      curve_mean=float(np.mean(periodic)) if periodic else float("nan"),
@@ -406,7 +416,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                             "|---|" + "---|" * len(keys)]
                 for method, runs in replay.items():
                     cells = [f"{np.mean([r.updates[k] for r in runs if k in r.updates]):.{0 if 'tokens' in k else 3}f}"
-                             for k in keys]
+                             if any(k in r.updates for r in runs) else "" for k in keys]
                     details.append(f"| {method} | " + " | ".join(cells) + " |")
                 details.append("")
             details += ["Sampling mass by item age at the end of training (buffer age histogram, mean over seeds):", ""]

@@ -25,6 +25,7 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     assert "IS effective sample size per token" in text and "age 1-2" in text
     assert "Sampling mass by item age" in text and "- fresh:" in text
     assert "| method | on-policy update: gradient norm | replay update: gradient norm |" in text
+    assert "| replay update: median gradient norm | replay updates above the clip |" in text
     assert "| none |" not in text.split("The updates of an iteration")[1].split("Sampling mass")[0]  # replay arms only
     assert "python benchmarks/paper_table.py" in text
     assert "| final - best | curve mean |" in text
