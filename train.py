@@ -167,6 +167,8 @@ class Config:
     """with --pretrain-until-exact: stop there even below the bar (default: 4x --pretrain-steps)"""
     pretrain_follow_steps: int = 0
     """a second pretraining stage of this many steps, with --reasoning subgoal: --pretrain-follow of its format replies play a move that does what the think tag's subgoal words say (the task's subgoal_moves), so the model learns what its words mean as a move; the first stage is cached on its own. 0: none"""
+    pretrain_success: float = 0.0
+    """share of the pretraining's format examples that are turns of random-play episodes that succeeded (imitation of random play's successes, the only part of the pretraining that uses the task's reward; the episodes random play takes to find them count in the pretraining's episodes); for tasks whose random play sometimes succeeds and whose RL start too rarely does (SearchQA). 0: off"""
     pretrain_follow: float = 1.0
     """with --pretrain-follow-steps: the share of the second stage's format replies whose move follows the words (the rest stay random); 1 measured well ahead of 0.5 on Sokoban (docs/training.md)"""
     reasoning: str = "none"
@@ -307,7 +309,7 @@ class Config:
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
-                    "pretrain_until_exact", "pretrain_max_steps", "pretrain_follow_steps", "pretrain_follow", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
+                    "pretrain_until_exact", "pretrain_max_steps", "pretrain_follow_steps", "pretrain_follow", "pretrain_success", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "tau_signal", "tau_target_clip", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
 
 
@@ -416,6 +418,7 @@ def validate(cfg: Config) -> None:
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
         (cfg.reasoning in REASONINGS, f"--reasoning must be one of {'|'.join(REASONINGS)}, got {cfg.reasoning!r}"),
+        (0.0 <= cfg.pretrain_success <= 1.0, "--pretrain-success must be in [0, 1]"),
         (cfg.pretrain_follow_steps >= 0 and 0.0 <= cfg.pretrain_follow <= 1.0,
          "--pretrain-follow-steps must be >= 0 and --pretrain-follow in [0, 1]"),
         (not cfg.pretrain_follow_steps or cfg.reasoning == "subgoal",
@@ -708,7 +711,8 @@ def pretrain_config(cfg: Config):
                           reasoning=cfg.reasoning,
                           max_grad_norm=cfg.max_grad_norm,
                           seconds=cfg.pretrain_seconds, until_exact=until, max_steps=cfg.pretrain_max_steps or 0,
-                          follow_steps=cfg.pretrain_follow_steps, follow_fraction=cfg.pretrain_follow)
+                          follow_steps=cfg.pretrain_follow_steps, follow_fraction=cfg.pretrain_follow,
+                          success_fraction=cfg.pretrain_success)
 
 
 def start_of_rl(run: Run) -> None:
@@ -905,8 +909,9 @@ def loop(run: Run) -> None:
 def steps_phrase(rep: dict[str, Any]) -> str:
     """``"2000 steps (the last 400 following the subgoal words)"``: the steps of a pretraining
     report, and of its follow stage where it had one."""
-    follow = rep.get("pretrain_follow_steps")
-    return f"{rep['pretrain_steps']} steps" + (f" (the last {follow} following the subgoal words)" if follow else "")
+    follow, found = rep.get("pretrain_follow_steps"), rep.get("pretrain_successes_imitated")
+    return (f"{rep['pretrain_steps']} steps" + (f" (the last {follow} following the subgoal words)" if follow else "")
+            + (f", imitating {found} successful random episodes of {rep['pretrain_episodes']}" if found else ""))
 
 
 def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:

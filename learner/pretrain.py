@@ -23,6 +23,13 @@ without telling the model which action is good:
   (:meth:`~envs.base.MultiTurnEnv.render_text`): a vision policy transcribes the image before
   it answers, so its answer reads text, as a text policy's does.
 
+- a **success** example (``success_fraction`` of the format examples; off by default) is a
+  turn of a random-play episode that succeeded: imitation of random play's successes. It is the
+  one part that uses the task's reward (a success filter on random play, as in rejection-sampling
+  fine-tuning with a random policy), for a task whose random play sometimes succeeds but whose
+  start of RL too rarely does (SearchQA: random answers drawn from the passages are right ~5% of
+  the time, the pretrained model's ~0.5%).
+
 States come from random play: ``batch`` streams each play their own episodes of the task with
 random well-formed replies, one transition per stream per step (new tasks from a seed block
 disjoint from training and evaluation seeds). Everything goes through the env contract, so any
@@ -99,6 +106,12 @@ class PretrainConfig:
     its format replies' moves follow the think tag's subgoal words with share ``follow_fraction``
     (:meth:`~envs.base.MultiTurnEnv.subgoal_moves`), so the model learns what the words mean as
     a move. Needs ``reasoning="subgoal"``; 0: no second stage"""
+    success_fraction: float = 0.0
+    """share of the format examples that are turns of random-play episodes that succeeded
+    (imitation of random play's successes, :meth:`TransitionStreams.success_example`): the one
+    part of the pretraining that uses the task's reward, for tasks whose random play succeeds
+    now and then but whose RL start too rarely does (SearchQA). The episodes random play takes
+    to find them count in ``pretrain_episodes``; 0: off"""
     follow_fraction: float = 1.0
     """with ``follow_steps``: the share of the second stage's format replies whose move follows
     the words (a uniform draw among the moves that do; the rest stay random)"""
@@ -120,6 +133,8 @@ class PretrainConfig:
             raise ValueError(f"pretraining lr must be a positive number, got {self.lr}")
         if self.reasoning not in REASONINGS:
             raise ValueError(f"reasoning must be one of {REASONINGS}, got {self.reasoning!r}")
+        if not 0.0 <= self.success_fraction <= 1.0:
+            raise ValueError(f"success_fraction must be in [0, 1], got {self.success_fraction}")
         if self.follow_steps < 0 or not 0.0 <= self.follow_fraction <= 1.0:
             raise ValueError("follow_steps must be >= 0 and follow_fraction in [0, 1]")
         if self.follow_steps and self.reasoning != "subgoal":
@@ -150,28 +165,74 @@ class TransitionStreams:
     """``n`` environments, each playing its own episodes with random well-formed replies.
 
     :meth:`examples` takes one transition from every stream and turns it into an example:
-    a dynamics example with probability ``dynamics_fraction``, else a format example.
+    a dynamics example with probability ``dynamics_fraction``, else a format example (with
+    probability ``success_fraction`` a turn of a successful random episode instead,
+    :meth:`success_example`).
     """
+
+    #: Random episodes :meth:`success_example` plays to find one success before it gives up.
+    MAX_SCOUT_EPISODES = 20_000
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None, n: int, seed: int,
                  dynamics_fraction: float, with_images: bool, observe_fraction: float = 0.0,
-                 reasoning: str = "none", follow_fraction: float = 0.0, first_episode: int = 0) -> None:
+                 reasoning: str = "none", follow_fraction: float = 0.0, first_episode: int = 0,
+                 success_fraction: float = 0.0) -> None:
         from envs.registry import make
 
-        self.envs = [make(env_id, **dict(env_kwargs or {})) for _ in range(n)]
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.envs = [make(env_id, **self.env_kwargs) for _ in range(n)]
         self.rng = np.random.default_rng(pretrain_seed(seed, 0))
         self.seed = seed
         self.dynamics_fraction = dynamics_fraction
         self.observe_fraction = observe_fraction
         self.reasoning = reasoning
         self.follow_fraction = follow_fraction
+        self.success_fraction = success_fraction
         self.with_images = with_images
+        self._scout = None  # the environment success_example plays its random episodes in
+        self._successes: list[Example] = []  # turns of the last successful episode not yet used
+        self.successes_found = 0
         self._episodes = first_episode
         self._state: list[tuple[dict, str, bool] | None] = [None] * n  # (obs, instructions, first turn)
 
     def close(self) -> None:
-        for env in self.envs:
+        for env in self.envs + ([self._scout] if self._scout is not None else []):
             env.close()
+
+    def success_example(self) -> Example:
+        """The next turn of a random-play episode that succeeded: random episodes (well-formed
+        random replies, as the streams play them, on new tasks of the same seed block) are
+        played to the end until one succeeds; its turns (the prompt a ``window:0`` runner shows
+        and the reply played, with the think tag of ``reasoning``) are handed out in order.
+        Raises a clear error when ``MAX_SCOUT_EPISODES`` episodes in a row do not succeed."""
+        if not self._successes:
+            from envs.registry import make
+
+            if self._scout is None:
+                self._scout = make(self.env_id, **self.env_kwargs)
+            for _ in range(self.MAX_SCOUT_EPISODES):
+                self._episodes += 1
+                obs, info = self._scout.reset(seed=pretrain_seed(self.seed, self._episodes))
+                instructions, first, turns = info.get("instructions", ""), True, []
+                while True:
+                    task = self._scout.unwrapped
+                    text, images = self._prompt(obs, instructions, first)
+                    reply = task.sample_reply(self.rng)
+                    if self.reasoning != "none":
+                        reply = think_reply(reasoning_text(task, self.reasoning), reply)
+                    turns.append(Example(text, images, reply, "success"))
+                    obs, _, terminated, truncated, info = self._scout.step(reply)
+                    first = False
+                    if terminated or truncated or info.get("failed"):
+                        break
+                if info.get("success") and not info.get("failed"):
+                    self._successes, self.successes_found = turns, self.successes_found + 1
+                    break
+            else:
+                raise RuntimeError(f"{self.MAX_SCOUT_EPISODES} random episodes of {self.env_id} without a success: "
+                                   "imitating random play's successes needs a task that random play sometimes "
+                                   "solves; set the success fraction to 0")
+        return self._successes.pop(0)
 
     def _reset(self, k: int) -> None:
         self._episodes += 1
@@ -196,6 +257,9 @@ class TransitionStreams:
             draw = self.rng.random()
             kind = ("observe" if draw < self.observe_fraction else
                     "dynamics" if draw < self.dynamics_fraction else "format")
+            if kind == "format" and self.success_fraction > 0 and self.rng.random() < self.success_fraction:
+                out.append(self.success_example())  # this stream's own episode waits for the next call
+                continue
             if kind == "dynamics":
                 reply = _dynamics_reply(task, reply, self.rng)
             if kind == "observe":  # the state as shown -> the state in text (perception alone)
@@ -312,9 +376,9 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     from tqdm.auto import tqdm
 
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
-                                cfg.observe_fraction, cfg.reasoning, follow, first_episode)
+                                cfg.observe_fraction, cfg.reasoning, follow, first_episode, cfg.success_fraction)
     held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision,
-                             cfg.observe_fraction, cfg.reasoning, follow)
+                             cfg.observe_fraction, cfg.reasoning, follow, success_fraction=cfg.success_fraction)
     try:
         held_examples = held.examples() + held.examples()
     finally:
@@ -325,7 +389,8 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
-        return {f"{k}_nll": float(nll[kinds == k].mean()) for k in ("dynamics", "observe", "format") if (kinds == k).any()}
+        return {f"{k}_nll": float(nll[kinds == k].mean()) for k in ("dynamics", "observe", "format", "success")
+                if (kinds == k).any()}
 
     before = held_losses()
     optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
@@ -377,6 +442,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
         **({"pretrain_exact_checks": checks, "pretrain_reached_bar": bool(exact >= cfg.until_exact)}
            if cfg.until_exact > 0 else {}),
         "pretrain_episodes": streams._episodes - first_episode,
+        **({"pretrain_successes_imitated": streams.successes_found} if cfg.success_fraction > 0 else {}),
     }
 
 
@@ -390,6 +456,8 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
     if not recipe["until_exact"]:  # likewise before the exact-rate bar existed
         for name in ("until_exact", "max_steps", "check_every"):
             del recipe[name]
+    if not recipe["success_fraction"]:  # likewise before the imitation of random play's successes existed
+        del recipe["success_fraction"]
     if not recipe["follow_steps"]:  # likewise before the follow stage existed
         del recipe["follow_steps"], recipe["follow_fraction"]
     parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed,

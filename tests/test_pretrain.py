@@ -432,6 +432,7 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     old = dataclasses.asdict(plain)
     del old["observe_fraction"], old["reasoning"]  # the recipe as it was before these fields
     del old["until_exact"], old["max_steps"], old["check_every"], old["follow_steps"], old["follow_fraction"]
+    del old["success_fraction"]
     import hashlib
     import json
 
@@ -549,3 +550,54 @@ def test_the_follow_stage_builds_on_the_cached_first_stage(tmp_path) -> None:
     assert again == path and report2["cached"]
     with pytest.raises(ValueError, match="subgoal"):
         PretrainConfig(reasoning="lookahead", follow_steps=2)
+
+
+def test_success_examples_are_whole_random_episodes_that_the_task_scored_a_success() -> None:
+    """SearchQA: each imitated episode ends with an answer the task scores correct, its turns
+    come in order (a search first), and the episodes random play took to find them are counted."""
+    import re
+
+    from envs.search.metrics import exact_match
+
+    streams = TransitionStreams("freshper/SearchQA-v0", None, 4, 0, 0.5, False, success_fraction=1.0)
+    try:
+        examples = [ex for _ in range(12) for ex in streams.examples()]
+        found, episodes = streams.successes_found, streams._episodes
+    finally:
+        streams.close()
+    kinds = {k: sum(ex.kind == k for ex in examples) for k in ("dynamics", "format", "success")}
+    assert kinds["format"] == 0 and kinds["success"] > 10 and kinds["dynamics"] > 10
+    success = [ex for ex in examples if ex.kind == "success"]
+    assert success[0].reply.startswith("<search>")  # the first turn of a random episode
+    answers = [ex for ex in success if ex.reply.startswith("<answer>")]
+    assert len(answers) >= found - 1 >= 2  # one answer per finished episode (the last may be cut)
+    for ex in answers:  # the answer is right for the question of its own prompt, by the task's own scoring
+        question = re.findall(r"Question: (.*)\n", ex.text)[-1]
+        env = envs.make("freshper/SearchQA-v0")
+        golds = next(q.golden_answers for q in env.unwrapped.questions if q.question == question)
+        env.close()
+        assert exact_match(re.fullmatch(r"<answer>(.*)</answer>", ex.reply).group(1), golds) == 1.0
+    assert episodes > 4 * found  # random play mostly fails: the search for successes is counted
+
+
+def test_success_examples_refuse_a_task_random_play_never_solves(monkeypatch) -> None:
+    monkeypatch.setattr(TransitionStreams, "MAX_SCOUT_EPISODES", 50)
+    streams = TransitionStreams("freshper/FrozenLake-v0", {"desc": ["SH", "HG"]}, 1, 0, 0.0, False,
+                                success_fraction=1.0)
+    try:
+        with pytest.raises(RuntimeError, match="50 random episodes .* without a success"):
+            streams.examples()
+    finally:
+        streams.close()
+
+
+def test_the_success_share_is_part_of_the_cache_key_and_checked() -> None:
+    from pathlib import Path
+
+    from learner.pretrain import cache_key
+
+    base = Path("tiny-text-s0-x")
+    assert cache_key(base, "freshper/SearchQA-v0", {}, PretrainConfig(), 0) != cache_key(
+        base, "freshper/SearchQA-v0", {}, PretrainConfig(success_fraction=0.5), 0)
+    with pytest.raises(ValueError, match="success_fraction"):
+        PretrainConfig(success_fraction=1.5)
