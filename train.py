@@ -729,7 +729,7 @@ def start_of_rl(run: Run) -> None:
         rep = run.start_report
         run.metrics.log({"kind": "pretrain", "iteration": 0, "episodes": 0,
                          **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
-        print(f"pretraining on {cfg.env_id}'s transitions: {steps_phrase(rep)} in {rep['pretrain_seconds']:.0f} s"
+        print(f"pretraining on {cfg.env_id}'s transitions: {steps_phrase(rep)}{success_phrase(rep)} in {rep['pretrain_seconds']:.0f} s"
               f"{' (cached)' if rep.get('cached') else ''}, loss {rep['pretrain_loss_first']:.3f} -> "
               f"{rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
     evaluate_phase(run, "baseline", cfg.final_eval_episodes, cfg.eval_both)
@@ -909,9 +909,16 @@ def loop(run: Run) -> None:
 def steps_phrase(rep: dict[str, Any]) -> str:
     """``"2000 steps (the last 400 following the subgoal words)"``: the steps of a pretraining
     report, and of its follow stage where it had one."""
-    follow, found = rep.get("pretrain_follow_steps"), rep.get("pretrain_successes_imitated")
-    return (f"{rep['pretrain_steps']} steps" + (f" (the last {follow} following the subgoal words)" if follow else "")
-            + (f", imitating {found} successful random episodes of {rep['pretrain_episodes']}" if found else ""))
+    follow = rep.get("pretrain_follow_steps")
+    return f"{rep['pretrain_steps']} steps" + (f" (the last {follow} following the subgoal words)" if follow else "")
+
+
+def success_phrase(rep: dict[str, Any]) -> str:
+    """``", imitating 812 successful random episodes of 16,400"``: where the pretraining
+    imitated random play's successes (``--pretrain-success``), how many it found and in how
+    many random episodes in all; empty elsewhere."""
+    found = rep.get("pretrain_successes_imitated")
+    return f", imitating {found:,} successful random episodes of {rep['pretrain_episodes']:,}" if found else ""
 
 
 def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:
@@ -935,7 +942,7 @@ def pretrain_line(run: Run) -> str:
             rep = next((r for r in map(json.loads, fh) if r.get("kind") == "pretrain"), {})
     if not rep:
         return ""
-    return (f"the start: pretrained {steps_phrase(rep)} on the task's transitions"
+    return (f"the start: pretrained {steps_phrase(rep)} on the task's transitions{success_phrase(rep)}"
             f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}")
 
 

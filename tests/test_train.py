@@ -344,10 +344,13 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
                                     "freshper/SokobanVision-v0", "freshper/SearchQA-v0"])
 def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, env_id: str, monkeypatch) -> None:
     """Sokoban with its config's think tag and a follow stage (two pretraining stages, the first
-    cached on its own); the others with the bare reply."""
+    cached on its own); SearchQA imitating random play's successes, as its config does; the
+    others with the bare reply."""
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
-    follow = env_id == "freshper/Sokoban-v0"
+    follow, search = env_id == "freshper/Sokoban-v0", env_id == "freshper/SearchQA-v0"
     extra = dict(reasoning="subgoal", pretrain_follow_steps=2, max_new_tokens=8) if follow else dict(max_new_tokens=6)
+    if search:
+        extra["pretrain_success"] = 1.0
     summary = train.train(tiny_config(tmp_path, run_name="t", env_id=env_id, iterations=2, pretrain_steps=2,
                                       pretrain_batch=4, eval_every=0, gifs=0, **extra))
     rows = read_metrics(tmp_path / "t" / "metrics.jsonl")
@@ -357,8 +360,14 @@ def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, 
     assert len(trains) == 2 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in trains)
     assert summary["iterations"] == 2 and "final" in summary["evals"]
     steps = "4 steps (the last 2 following the subgoal words)" if follow else "2 steps"
-    assert f"the start: pretrained {steps} on the task's transitions, held-out next states written exactly" \
-        in (tmp_path / "t" / "summary.txt").read_text(encoding="utf-8")
+    text = (tmp_path / "t" / "summary.txt").read_text(encoding="utf-8")
+    imitated = ""
+    if search:  # the successes it imitated, and the random episodes it took to find them
+        assert pre["pretrain_successes_imitated"] >= 1 and pre["pretrain_episodes"] > pre["pretrain_successes_imitated"]
+        imitated = (f", imitating {pre['pretrain_successes_imitated']:,} successful random episodes of "
+                    f"{pre['pretrain_episodes']:,}")
+    assert f"the start: pretrained {steps} on the task's transitions{imitated}, held-out next states written exactly" \
+        in text
     if follow:
         assert pre["pretrain_follow_steps"] == 2
         assert len(list((tmp_path / "cache").glob("pretrained-Sokoban-v0-s0-*"))) == 2  # the first stage too
