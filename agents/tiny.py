@@ -180,15 +180,28 @@ def _train_tokenizer(corpus: str, vocab_size: int):
     return fast
 
 
-def _decoder_dims(tokenizer) -> dict:
-    """The language decoder shared by the tiny text and vision models (~0.8M parameters)."""
+#: Hidden size of the embedded tiny models' decoder. ``width`` makes a wider one: heads of 32
+#: (so the vision model's rotary sections still fit), two query heads per key-value head, an
+#: MLP of three times the width, the same four layers.
+DEFAULT_WIDTH = 128
+
+
+def check_width(width: int) -> int:
+    if not isinstance(width, int) or width < 64 or width % 64:
+        raise ValueError(f"the tiny model's width must be a multiple of 64 (heads of 32, two per key-value head), got {width!r}")
+    return width
+
+
+def _decoder_dims(tokenizer, width: int = DEFAULT_WIDTH) -> dict:
+    """The language decoder shared by the tiny text and vision models (~0.8M parameters at the
+    default width of 128; ~3.4M at 256)."""
     return dict(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=384,
+        hidden_size=width,
+        intermediate_size=3 * width,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=width // 32,
+        num_key_value_heads=width // 64,
         max_position_embeddings=4096,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
@@ -196,27 +209,28 @@ def _decoder_dims(tokenizer) -> dict:
     )
 
 
-def _text_model(tokenizer, seed: int):
+def _text_model(tokenizer, seed: int, width: int = DEFAULT_WIDTH):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(**_decoder_dims(tokenizer), tie_word_embeddings=True)
+    cfg = Qwen2Config(**_decoder_dims(tokenizer, width), tie_word_embeddings=True)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg)
 
 
-def _vision_model(tokenizer, seed: int):
+def _vision_model(tokenizer, seed: int, width: int = DEFAULT_WIDTH):
     import torch
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     ids = tokenizer.convert_tokens_to_ids
     cfg = Qwen2VLConfig(
         text_config=dict(
-            **_decoder_dims(tokenizer),
+            **_decoder_dims(tokenizer, width),
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
         ),
         vision_config=dict(
-            depth=2, embed_dim=96, hidden_size=128, num_heads=4, mlp_ratio=2,
+            # hidden_size: the width the merger projects the visual tokens into (the decoder's)
+            depth=2, embed_dim=96, hidden_size=width, num_heads=4, mlp_ratio=2,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
         ),
         freshper_positions="flat",  # 1-D rotary positions (agents.policy.FLAT_POSITIONS)
@@ -256,10 +270,12 @@ def build_tiny_model(
     vocab_size: int = 512,
     force: bool = False,
     task_text: str = "",
+    width: int = DEFAULT_WIDTH,
 ) -> Path:
     """Build (once) and return the folder of the embedded tiny model for ``modality``.
 
-    ``"text"``: Qwen2, hidden 128, 4 layers, tied embeddings (~1M parameters).
+    ``"text"``: Qwen2, hidden 128, 4 layers, tied embeddings (~1M parameters); ``width``: a
+    wider decoder (:data:`DEFAULT_WIDTH`), in a folder of its own (``tiny-text-s0-w256-...``).
     ``"vision"``: Qwen2-VL with the same text stack and a 2-layer vision tower (patch 14,
     spatial merge 2, so one 28x28 tile is one visual token) plus a Qwen2-VL processor; its
     decoder takes 1-D rotary positions (``freshper_positions: flat``, agents/policy.py).
@@ -268,23 +284,25 @@ def build_tiny_model(
     """
     if modality not in ("text", "vision"):
         raise ValueError(f"modality must be 'text' or 'vision', got {modality!r}")
+    check_width(width)
     corpus = task_corpus(seed=0)
     key = hashlib.sha256(
         json.dumps([TINY_FORMAT_VERSION, modality, seed, vocab_size, CHAT_TEMPLATE, corpus]
                    + (["flat positions"] if modality == "vision" else [])
-                   + ([hashlib.sha256(task_text.encode()).hexdigest()] if task_text else [])).encode()
+                   + ([hashlib.sha256(task_text.encode()).hexdigest()] if task_text else [])
+                   + ([f"width {width}"] if width != DEFAULT_WIDTH else [])).encode()
     ).hexdigest()[:12]
     if task_text:  # a task's own vocabulary (envs.base.MultiTurnEnv.tokenizer_text) beside the episodes
         corpus = f"{corpus}\n{task_text}"
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-{modality}-s{seed}-{key}"
+    target = root / f"tiny-{modality}-s{seed}{f'-w{width}' if width != DEFAULT_WIDTH else ''}-{key}"
     marker = target / "freshper_tiny.json"
     if target.exists() and marker.exists() and not force:
         return target
     with cache_lock(root / f".{target.name}.lock"):
         if target.exists() and marker.exists() and not force:
             return target  # built by another process meanwhile
-        return _build(target, modality, corpus, key, seed, vocab_size, root)
+        return _build(target, modality, corpus, key, seed, vocab_size, root, width)
 
 
 #: Vocabulary of a tiny model whose task brings its own text (``tokenizer_text``): room for
@@ -293,7 +311,7 @@ TASK_VOCAB_SIZE = 2048
 
 
 def task_model(env_id: str, env_kwargs: dict | None = None, cache_dir: str | os.PathLike | None = None,
-               seed: int = 0) -> Path:
+               seed: int = 0, width: int = DEFAULT_WIDTH) -> Path:
     """The embedded tiny model for ``env_id``: the shared one of its modality, or, where the task
     has text of its own (:meth:`~envs.base.MultiTurnEnv.tokenizer_text`), one whose tokenizer
     (``TASK_VOCAB_SIZE`` tokens) also learned from that text."""
@@ -306,18 +324,20 @@ def task_model(env_id: str, env_kwargs: dict | None = None, cache_dir: str | os.
         env.close()
     modality = envs.task_spec(env_id).modality
     if not text:
-        return build_tiny_model(modality, cache_dir=cache_dir, seed=seed)
-    return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, vocab_size=TASK_VOCAB_SIZE, task_text=text)
+        return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, width=width)
+    return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, vocab_size=TASK_VOCAB_SIZE, task_text=text,
+                            width=width)
 
 
-def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_size: int, root: Path) -> Path:
+def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_size: int, root: Path,
+           width: int = DEFAULT_WIDTH) -> Path:
     with staged_folder(root, f".tiny-{modality}-", target) as tmp:
         tokenizer = _train_tokenizer(corpus, vocab_size)
         if modality == "text":
-            model = _text_model(tokenizer, seed)
+            model = _text_model(tokenizer, seed, width)
             tokenizer.save_pretrained(tmp)
         else:
-            model = _vision_model(tokenizer, seed)
+            model = _vision_model(tokenizer, seed, width)
             _vision_processor(tokenizer).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         model.generation_config.do_sample = True
@@ -326,7 +346,7 @@ def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_
         model.save_pretrained(tmp)
         n_params = sum(p.numel() for p in model.parameters())
         (tmp / "freshper_tiny.json").write_text(
-            json.dumps({"modality": modality, "seed": seed, "key": key, "parameters": n_params,
+            json.dumps({"modality": modality, "seed": seed, "key": key, "parameters": n_params, "width": width,
                         "vocab_size": len(tokenizer)})
         )
     logger.info("built tiny %s model (%d parameters) at %s", modality, n_params, target)

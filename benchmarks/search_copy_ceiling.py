@@ -13,7 +13,8 @@ not a memory). Training-split EM on as many questions is printed beside it.
 If the tiny model gets high held-out EM here, it can copy a name from its passages and what
 SearchQA's RL lacks is the signal to find that copy; if it does not within many more steps than
 the pretraining takes, no reward teaches it at that size. ``--hidden``/``--layers`` build a
-larger decoder on the same tokenizer (the task's own, ``agents.tiny.task_model``) to say
+larger decoder on the same tokenizer (the task's own, ``agents.tiny.task_model``; ``--hidden``
+is ``train.py --tiny-width``) to say
 whether size is what is missing. Step 0 is a randomly initialised model (``--model`` starts
 from a folder instead, e.g. the config's pretrained start).
 """
@@ -64,17 +65,16 @@ def cases(split: str, limit: int) -> tuple[list[tuple[str, tuple[str, ...]]], in
 
 
 def sized_model(base: Path, hidden: int, layers: int, seed: int, into: Path) -> Path:
-    """A randomly initialised Qwen2 of ``hidden`` x ``layers`` (heads of 32, an MLP of 3x) with
-    ``base``'s tokenizer and chat template, written to ``into``."""
+    """A randomly initialised Qwen2 of ``hidden`` x ``layers`` (the tiny model's decoder at that
+    width, ``train.py --tiny-width``, with ``layers`` layers) with ``base``'s tokenizer and chat
+    template, written to ``into``."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from agents.tiny import _decoder_dims
+    from agents.tiny import _decoder_dims, check_width
 
     tok = AutoTokenizer.from_pretrained(base)
-    dims = {**_decoder_dims(tok), "hidden_size": hidden, "intermediate_size": 3 * hidden,
-            "num_hidden_layers": layers, "num_attention_heads": hidden // 32,
-            "num_key_value_heads": max(1, hidden // 64)}
+    dims = {**_decoder_dims(tok, check_width(hidden)), "num_hidden_layers": layers}
     torch.manual_seed(seed)
     Qwen2ForCausalLM(Qwen2Config(**dims, tie_word_embeddings=True)).save_pretrained(into)
     for f in base.iterdir():
@@ -113,8 +113,6 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    if args.hidden % 64:
-        raise SystemExit("--hidden must be a multiple of 64 (heads of 32, key-value heads of 64)")
 
     import torch
 

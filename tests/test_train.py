@@ -634,3 +634,34 @@ def test_busy_cores_sees_a_process_that_keeps_a_core_busy() -> None:
         spinner.kill()
         spinner.wait()
     assert busy is not None and busy > 0.6 and busy > idle
+
+
+def test_a_wider_embedded_model_trains_and_keeps_its_own_cached_folders(tmp_path: Path, monkeypatch) -> None:
+    """``--tiny-width`` builds a wider decoder (heads of 32) in folders of its own, pretrains and
+    trains it; the default width keeps its folder names, and a width with --model is refused."""
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    from agents.tiny import build_tiny_model, check_width
+
+    summary = train.train(tiny_config(tmp_path, run_name="w", tiny_width=192, iterations=1, pretrain_steps=2,
+                                      pretrain_batch=4, eval_every=0, gifs=0))
+    assert summary["iterations"] == 1
+    written = json.loads((tmp_path / "w" / "reference" / "config.json").read_text(encoding="utf-8"))
+    assert (written["hidden_size"], written["num_attention_heads"], written["num_key_value_heads"],
+            written["intermediate_size"]) == (192, 6, 3, 576)
+    wide = list((tmp_path / "cache").glob("tiny-text-s0-w192-*"))
+    assert len(wide) == 1 and len(list((tmp_path / "cache").glob("pretrained-FrozenLake-v0-s0-*"))) == 1
+    default = build_tiny_model("text", cache_dir=tmp_path / "cache")
+    assert "-w" not in default.name and default != wide[0]
+    assert json.loads((default / "config.json").read_text(encoding="utf-8"))["hidden_size"] == 128
+    from agents.policy import Policy  # the vision model's merger projects into the wider decoder
+
+    vision = Policy.from_pretrained(build_tiny_model("vision", cache_dir=tmp_path / "cache", width=192))
+    image = np.zeros((112, 112, 3), np.uint8)
+    (gen,) = vision.generate([vision.chat.first_message("look: <image>", [image])], [[image]], max_new_tokens=3)
+    assert len(gen.token_ids) == 3 and vision.model.config.text_config.hidden_size == 192
+    with pytest.raises(ValueError, match="multiple of 64"):
+        check_width(100)
+    with pytest.raises(ValueError, match="--tiny-width sizes the embedded model"):
+        train.train(tiny_config(tmp_path, run_name="m", tiny_width=256, model=str(default)))
+    with pytest.raises(ValueError, match="--tiny-width must be a multiple of 64"):
+        train.train(tiny_config(tmp_path, run_name="m", tiny_width=96))
