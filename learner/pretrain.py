@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
+from agents.tiny import DEFAULT_WIDTH
 from envs.base import REASONINGS, reasoning_text, think_reply
 from learner.seeds import pretrain_seed
 from learner.update import nll_per_sample, supervised_step
@@ -494,7 +495,7 @@ def random_play_digest(env_id: str, env_kwargs: dict[str, Any] | None, turns: in
 
 def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
                        cache_dir: str | os.PathLike | None = None, micro_batch: int = 256,
-                       progress: bool = False, device: str = "cpu", width: int | None = None) -> tuple[Path, dict[str, Any]]:
+                       progress: bool = False, device: str = "cpu", width: int = DEFAULT_WIDTH) -> tuple[Path, dict[str, Any]]:
     """The embedded tiny model of the task (:func:`agents.tiny.task_model`: its modality's, with
     a tokenizer that also learned the task's own text where it has some), pretrained on
     ``env_id``'s transitions.
@@ -503,8 +504,8 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
     returns the model folder and its pretraining report (``cached`` says whether it was reused).
     A time cap (``cfg.seconds``) makes the result depend on the machine, so capped runs are
     not cached. ``device``: where the pretraining runs (the cached folder does not depend on it).
-    ``width``: the tiny model's hidden size (None: :data:`agents.tiny.DEFAULT_WIDTH`); a wider
-    model is another base folder, so another cache key.
+    ``width``: the tiny model's hidden size (:data:`agents.tiny.DEFAULT_WIDTH`); a wider model
+    is another base folder, so another cache key.
     With ``cfg.follow_steps`` the first stage is built (or found) as a model of its own and the
     second stage starts from it, so recipes that differ in the second stage share the first.
     """
@@ -518,7 +519,7 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
                                          cache_dir=cache_dir, micro_batch=micro_batch, progress=progress, device=device,
                                          width=width)
     else:
-        base = task_model(env_id, env_kwargs, cache_dir=cache_dir, seed=seed, **({"width": width} if width else {}))
+        base = task_model(env_id, env_kwargs, cache_dir=cache_dir, seed=seed, width=width)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     task = env_id.split("/")[-1]
     target = root / f"pretrained-{task}-s{seed}-{cache_key(base, env_id, env_kwargs, cfg, seed)}"

@@ -571,11 +571,11 @@ def test_success_examples_are_whole_random_episodes_that_the_task_scored_a_succe
     assert success[0].reply.startswith("<search>")  # the first turn of a random episode
     answers = [ex for ex in success if ex.reply.startswith("<answer>")]
     assert len(answers) >= found - 1 >= 2  # one answer per finished episode (the last may be cut)
+    env = envs.make("freshper/SearchQA-v0")
+    golds_of = {q.question: q.golden_answers for q in env.unwrapped.questions}
+    env.close()
     for ex in answers:  # the answer is right for the question of its own prompt, by the task's own scoring
-        question = re.findall(r"Question: (.*)\n", ex.text)[-1]
-        env = envs.make("freshper/SearchQA-v0")
-        golds = next(q.golden_answers for q in env.unwrapped.questions if q.question == question)
-        env.close()
+        golds = golds_of[re.findall(r"Question: (.*)\n", ex.text)[-1]]
         assert exact_match(re.fullmatch(r"<answer>(.*)</answer>", ex.reply).group(1), golds) == 1.0
     assert episodes > 4 * found  # random play mostly fails: the search for successes is counted
 
