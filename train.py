@@ -149,7 +149,7 @@ class Config:
     """sampling temperature of rollouts (log-probs are taken at the same temperature)"""
 
     tiny_width: int = 128
-    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (benchmarks/search_copy_ceiling.py) and costs ~2x per step"""
+    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (benchmarks/search_copy_ceiling.py) and costs more per step (~3x the seconds in those runs, not side by side)"""
     # -- pretraining on the task's own transitions (learner/pretrain.py) ---------------------
     pretrain_steps: int | None = None
     """pretraining optimizer steps; default 400 for the embedded model (built once and cached), 0 with --model"""
