@@ -149,7 +149,7 @@ class Config:
     """sampling temperature of rollouts (log-probs are taken at the same temperature)"""
 
     tiny_width: int = 128
-    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (benchmarks/search_copy_ceiling.py) and costs more per step (~3x the seconds in those runs, not side by side)"""
+    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (benchmarks/search_copy_ceiling.py) and is configs/searchqa.yaml's width; it costs more per step (docs/training.md, "A model twice as wide")"""
     # -- pretraining on the task's own transitions (learner/pretrain.py) ---------------------
     pretrain_steps: int | None = None
     """pretraining optimizer steps; default 400 for the embedded model (built once and cached), 0 with --model"""
@@ -422,7 +422,9 @@ def validate(cfg: Config) -> None:
         (cfg.reasoning in REASONINGS, f"--reasoning must be one of {'|'.join(REASONINGS)}, got {cfg.reasoning!r}"),
         (0.0 <= cfg.pretrain_success <= 1.0, "--pretrain-success must be in [0, 1]"),
         (cfg.tiny_width >= 64 and cfg.tiny_width % 64 == 0, "--tiny-width must be a multiple of 64"),
-        (cfg.model is None or cfg.tiny_width == 128, "--tiny-width sizes the embedded model; --model brings its own"),
+        (cfg.model is None or cfg.tiny_width == 128,
+         "--tiny-width sizes the embedded model; --model brings its own (with a config that sets tiny_width, "
+         "such as configs/searchqa.yaml, add --tiny-width 128)"),
         (cfg.pretrain_follow_steps >= 0 and 0.0 <= cfg.pretrain_follow <= 1.0,
          "--pretrain-follow-steps must be >= 0 and --pretrain-follow in [0, 1]"),
         (not cfg.pretrain_follow_steps or cfg.reasoning == "subgoal",

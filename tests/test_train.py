@@ -90,6 +90,16 @@ def test_shipped_configs_load(path: Path) -> None:
     envs.make(cfg.env_id, **dict(cfg.env_kwargs or {})).close()  # the task takes the config's keyword arguments
 
 
+def test_a_config_with_a_width_and_a_model_folder_says_how_to_combine_them(tmp_path: Path) -> None:
+    """configs/searchqa.yaml sizes the embedded model (tiny_width 256); a user who brings a model
+    folder to it is told to reset the width rather than having one of the two settings ignored."""
+    config = str(REPO / "configs" / "searchqa.yaml")
+    assert train.parse_config(["--config", config]).tiny_width == 256
+    with pytest.raises(ValueError, match=r"configs/searchqa.yaml, add --tiny-width 128"):
+        train.validate(train.parse_config(["--config", config, "--model", str(tmp_path)]))
+    train.validate(train.parse_config(["--config", config, "--model", str(tmp_path), "--tiny-width", "128"]))
+
+
 def test_the_default_config_file_is_the_default_run_written_out() -> None:
     # configs/frozenlake_default.yaml documents what `make train` (train.py without flags) runs:
     # every value it sets must be train.py's default, so a changed default cannot leave it behind
