@@ -123,6 +123,8 @@ class Config:
     """folder holding the run folders"""
     seed: int = 0
     """seed of everything (model init, pretraining, tasks, sampling, replay)"""
+    start_seed: int | None = None
+    """seed of the start model alone (the embedded model's initialisation and its pretraining); default: --seed. Runs of several --seed values with one --start-seed share one start (built and cached once), so their spread is RL's alone, not the pretraining's"""
     device: str = "cpu"
     """torch device of the policy, its pretraining and its updates: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)"""
     threads: int | None = None
@@ -309,7 +311,7 @@ class Config:
 
 
 #: Settings that shape what a run has already done; a resume refuses to change them.
-LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "tiny_width", "seed", "tasks_per_iter", "group_size",
+LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "tiny_width", "seed", "start_seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
                     "pretrain_until_exact", "pretrain_max_steps", "pretrain_follow_steps", "pretrain_follow", "pretrain_success", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "tau_signal", "tau_target_clip", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
@@ -382,6 +384,7 @@ def validate(cfg: Config) -> None:
         (cfg.run_name is None or (cfg.run_name not in ("", ".", "..") and "/" not in cfg.run_name and "\\" not in cfg.run_name),
          f"--run-name must be a plain folder name inside --runs-root, got {cfg.run_name!r}"),
         (0 <= cfg.seed < MAX_RUN_SEED, f"--seed must be in [0, {MAX_RUN_SEED})"),
+        (cfg.start_seed is None or 0 <= cfg.start_seed < MAX_RUN_SEED, f"--start-seed must be in [0, {MAX_RUN_SEED})"),
         (cfg.micro_batch >= 1 and cfg.max_nonfinite >= 1, "--micro-batch and --max-nonfinite must be >= 1"),
         (cfg.context == "full" or (window[0] == "window" and len(window) == 2 and window[1].isdigit()),
          f"--context must be 'full' or 'window:k', got {cfg.context!r}"),
@@ -626,13 +629,13 @@ def setup(cfg: Config) -> Run:
 
             with torch_threads(update_threads):
                 model_path, start_report = pretrained_default(cfg.env_id, cfg.env_kwargs, pretrain_config(cfg),
-                                                              seed=cfg.seed, micro_batch=cfg.micro_batch,
+                                                              seed=start_seed(cfg), micro_batch=cfg.micro_batch,
                                                               progress=cfg.progress, device=cfg.device,
                                                               width=cfg.tiny_width)
         elif cfg.model is None:
             from agents.tiny import build_tiny_model
 
-            model_path = build_tiny_model(modality, seed=cfg.seed, width=cfg.tiny_width)
+            model_path = build_tiny_model(modality, seed=start_seed(cfg), width=cfg.tiny_width)
         else:
             model_path = Path(cfg.model)
         seed_everything(cfg.seed)
@@ -707,6 +710,11 @@ def check_reasoning(mode: str, env_id: str, env_kwargs: dict[str, Any], follow: 
         env.close()
 
 
+def start_seed(cfg: Config) -> int:
+    """The seed the start model is built and pretrained with (``--start-seed``, else ``--seed``)."""
+    return cfg.seed if cfg.start_seed is None else cfg.start_seed
+
+
 def pretrain_config(cfg: Config):
     from learner.pretrain import PretrainConfig
 
@@ -730,7 +738,7 @@ def start_of_rl(run: Run) -> None:
         from learner.pretrain import pretrain
 
         with torch_threads(run.update_threads):
-            run.start_report = pretrain(run.policy, cfg.env_id, cfg.env_kwargs, pretrain_config(cfg), seed=cfg.seed,
+            run.start_report = pretrain(run.policy, cfg.env_id, cfg.env_kwargs, pretrain_config(cfg), seed=start_seed(cfg),
                                         micro_batch=cfg.micro_batch, progress=cfg.progress)
     if run.start_report:
         rep = run.start_report

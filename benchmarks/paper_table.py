@@ -47,7 +47,9 @@ TASKS = {
     "frozenlake": Task("FrozenLake 4x4, text", "configs/frozenlake_default.yaml", 400),
     "frozenlake_vision": Task("FrozenLake 4x4, image", "configs/frozenlake_vision.yaml", 150),
     "sokoban": Task("Sokoban simple", "configs/sokoban_simple.yaml", 100),
-    "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60),
+    # one pretrained start for every seed (its 2,400 steps at width 256 take ~25-50 minutes per
+    # start): the seeds vary RL alone, so the intervals are RL's spread from that start
+    "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60, ["--start-seed", "0"]),
 }
 #: The paper's methods, replay as FreshPER's defaults here (one replay update per iteration, tau = 10
 #: optimizer steps), on B x G trajectories per replay update (``--replay-batch none``, set below).
@@ -438,6 +440,16 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
     return text
 
 
+def recorded_iterations(folder: Path) -> int | None:
+    """The iteration budget the finished runs in ``folder`` share (their ``config.yaml``), or
+    None when there are none or they differ."""
+    import yaml
+
+    budgets = {yaml.safe_load(config.read_text(encoding="utf-8")).get("iterations")
+               for config in folder.glob("*/config.yaml") if (config.parent / "summary.json").exists()}
+    return budgets.pop() if len(budgets) == 1 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/paper", help="folder of the run folders (one subfolder per task)")
@@ -463,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
             arms = {k: v for k, v in arms.items() if k in args.methods}
         # replay arms replay B x G trajectories per update, the table's setting since it was first run
         # (train.py's default replay batch is 16); flags given after `--` still win
-        common = ["--config", str(REPO / spec.config), "--iterations", str(args.iterations or spec.iterations),
+        iterations = args.iterations or spec.iterations
+        if args.report_only:  # the report's command says what its runs ran
+            iterations = recorded_iterations(out / task) or iterations
+        common = ["--config", str(REPO / spec.config), "--iterations", str(iterations),
                   *spec.extra, "--replay-batch", "none", *args.extra]
         shown = ["--config", str(spec.config), *common[2:]]  # the checkout-relative path a reader types
         commands.append(f"# {spec.name}: python train.py {shlex.join(shown)} --seed <k> <method flags>")

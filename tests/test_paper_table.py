@@ -46,6 +46,11 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     subprocess.run(cmd[:-len(TINY) - 1] + ["--report-only"], cwd=REPO, check=True, capture_output=True, text=True,
                    timeout=300)
     assert "PER trails on-policy here." in doc.read_text()
+    # a report-only call writes the budget its runs ran into the commands, whatever --iterations it gets
+    other = cmd[:-len(TINY) - 1] + ["--report-only"]
+    other[other.index("--iterations") + 1] = "7"
+    subprocess.run(other, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
+    assert "python train.py --config configs/frozenlake_default.yaml --iterations 2 --replay-batch none" in doc.read_text()
     # the ablation section pairs each FreshPER variant with FreshPER on the same seed and plots tau
     import json
     import shutil

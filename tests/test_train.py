@@ -675,3 +675,29 @@ def test_a_wider_embedded_model_trains_and_keeps_its_own_cached_folders(tmp_path
         train.train(tiny_config(tmp_path, run_name="m", tiny_width=256, model=str(default)))
     with pytest.raises(ValueError, match="--tiny-width must be a multiple of 64"):
         train.train(tiny_config(tmp_path, run_name="m", tiny_width=96))
+
+
+def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_path: Path, monkeypatch) -> None:
+    """``--start-seed`` seeds the start model alone: two runs of different --seed values with the
+    same --start-seed pretrain once and start from identical weights; without it each --seed
+    builds its own start, and a resume refuses to change it."""
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    from safetensors.torch import load_file
+
+    def run(name: str, **kw) -> dict:
+        return train.train(tiny_config(tmp_path, run_name=name, iterations=1, pretrain_steps=2, pretrain_batch=4,
+                                       eval_every=0, gifs=0, **kw))
+
+    first, second = run("a", seed=1, start_seed=0), run("b", seed=2, start_seed=0)
+    assert first["iterations"] == second["iterations"] == 1
+    starts = sorted(p.name for p in (tmp_path / "cache").glob("pretrained-FrozenLake-v0-s*"))
+    assert len(starts) == 1 and starts[0].startswith("pretrained-FrozenLake-v0-s0-")
+    ref_a = load_file(str(tmp_path / "a" / "reference" / "model.safetensors"))
+    ref_b = load_file(str(tmp_path / "b" / "reference" / "model.safetensors"))
+    assert ref_a.keys() == ref_b.keys() and all(torch.equal(ref_a[k], ref_b[k]) for k in ref_a)
+    run("c", seed=1)  # no --start-seed: the run's own seed builds its start
+    assert len(list((tmp_path / "cache").glob("pretrained-FrozenLake-v0-s1-*"))) == 1
+    with pytest.raises(ValueError, match="cannot change --start-seed"):
+        train.parse_config(["--resume", str(tmp_path / "a"), "--start-seed", "3", "--iterations", "2"])
+    with pytest.raises(ValueError, match="--start-seed must be"):
+        train.validate(train.parse_config(["--start-seed", "-1"]))
