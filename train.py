@@ -122,7 +122,7 @@ class Config:
     runs_root: str = "runs"
     """folder holding the run folders"""
     seed: int = 0
-    """seed of everything (model init, pretraining, tasks, sampling, replay)"""
+    """seed of everything (model init and pretraining unless --start-seed, tasks, sampling, replay)"""
     start_seed: int | None = None
     """seed of the start model alone (the embedded model's initialisation and its pretraining); default: --seed. Runs of several --seed values with one --start-seed share one start (built and cached once), so their spread is RL's alone, not the pretraining's"""
     device: str = "cpu"
