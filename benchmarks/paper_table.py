@@ -107,7 +107,10 @@ UPDATE_KEYS = {"grad_norm": "on-policy update: gradient norm", "replay_grad_norm
                "tokens": "on-policy update: reply tokens", "replay_tokens": "replay update: reply tokens",
                # a mean gradient norm can be set by a few outliers: its median, and how many the clip cut
                "replay_grad_norm_median": "replay update: median gradient norm",
-               "replay_clipped": "replay updates above the clip"}
+               "replay_clipped": "replay updates above the clip",
+               # how fast replayed data goes stale: the fitted ESS decay per optimizer step of age
+               # (ESS = exp(-c age), what --tau auto steers by) and the replayed tokens outside the clip range
+               "replay_drift_per_step": "replay: ESS decay per step of age", "replay_clip_frac": "replay: tokens outside the clip"}
 
 
 def read_run(run: Path) -> RunResult | None:
