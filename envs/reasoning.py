@@ -17,13 +17,20 @@ downloaded: problems are generated on the fly from ``(dataset_seed, index)``.
   ``max_attempts + 1``: one spare turn, so an invalid reply is explained and can be repaired)
   bounds all replies, invalid ones included.
 
-Scoring safety: some generators evaluate the answer as an expression (sympy's ``parse_expr``, which
-runs ``eval``), where a reply such as ``9**9**9`` never finishes and ``[0]*10**10`` exhausts
-memory. Answers made only of digits, whitespace and ``+ - * / ( ) . , =`` without a power
-operator are scored in the process (bounded work); any other answer is scored in a separate
-worker process with a time limit (``score_timeout``) and, on Linux, a memory limit
-(``score_memory_mb``). A score that times out or fails counts 0 and ``info["score_error"]``
-says why. ``scoring="inline"`` scores every answer in the process (trusted replies only).
+Scoring safety: some generators turn the answer into a value with sympy's ``parse_expr`` or
+Python's ``eval``. Answers are data, never code: every score runs inside
+:func:`envs.answer_guard.guarded`, which lets only arithmetic expressions over numbers, symbols
+and math functions be compiled, so an answer that would reach Python (attributes, subscripts,
+builtins, imports) is refused and scores 0 with ``info["score_error"]`` saying so. An expression
+can still be costly (``9**9**9`` never finishes, ``[0]*10**10`` exhausts memory): answers made
+only of digits, whitespace and ``+ - * / ( ) . , =`` without a power operator are scored in the
+process (bounded work); any other answer is scored in a separate worker process with a time
+limit (``score_timeout``) and, on Linux, a memory limit (``score_memory_mb``); at the limit its
+whole process group is killed. The worker's replies travel on a pipe of their own, not its
+stdout, and a reply that cannot be read scores 0: ``env.step`` never raises for an answer. A
+score that times out or fails counts 0 and ``info["score_error"]`` says why.
+``scoring="inline"`` scores every answer in the process, still guarded, without the time and
+memory limits (trusted replies only).
 
 Requires the optional extra ``.[reasoning]`` (``pip install -e '.[reasoning]'``); without it the
 tasks are still listed by ``python -m envs list`` and building one says what to install.
@@ -31,16 +38,20 @@ tasks are still listed by ``python -m envs list`` and building one says what to 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
 import math
 import os
-import queue
 import re
+import secrets
+import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -48,6 +59,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from envs.answer_guard import UnsafeAnswer, guarded
 from envs.base import MultiTurnEnv, extract_tag
 
 logger = logging.getLogger(__name__)
@@ -112,30 +124,58 @@ def _dataset(task: str, config_json: str, size: int, seed: int) -> Any:
                          f"{exc or type(exc).__name__}") from None
 
 
-def _score(dataset: Any, answer: str, entry: dict[str, Any]) -> float:
-    """The generator's score, clipped to [0, 1] (NaN and errors count 0)."""
-    value = float(dataset.score_answer(answer, entry))
-    return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+def _score(dataset: Any, answer: str, entry: dict[str, Any]) -> tuple[float, str | None]:
+    """The generator's score of ``answer``, clipped to [0, 1], and an error or None.
+
+    The generator scores inside :func:`envs.answer_guard.guarded`: an answer its scorer would run
+    as code (``parse_expr``, ``eval``) is refused and scores 0 whatever the scorer returned.
+    """
+    try:
+        with guarded() as verdict:
+            value = float(dataset.score_answer(answer, entry))
+    except MemoryError:
+        return 0.0, "scoring ran out of memory"
+    except Exception as exc:  # the generator's scorer failed on this answer
+        if isinstance(exc, UnsafeAnswer) or verdict.refused:
+            return 0.0, f"answer refused: it would run as code ({verdict.refused or exc})"[:300]
+        return 0.0, f"scoring failed: {type(exc).__name__}: {exc}"[:300]
+    if verdict.refused:
+        return 0.0, f"answer refused: it would run as code ({verdict.refused})"[:300]
+    return (min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0), None
 
 
 # -- the scoring worker ------------------------------------------------------------------------
-def _worker_loop(memory_mb: int) -> None:  # pragma: no cover (runs in the worker process)
+#: Longest reply line read from the worker; a longer one is unreadable (the answer scores 0).
+MAX_REPLY_BYTES = 65_536
+#: The worker's reply pipe (set in the worker process).
+_REPLY_FD: int | None = None
+
+
+def _worker_loop(memory_mb: int, reply_fd: int) -> None:  # pragma: no cover (runs in the worker process)
     """Answer JSON-line score requests on stdin until it closes (``python -c`` entry point).
 
-    Requests: ``{"task", "config", "size", "seed", "index", "answer"}``; answers: ``{"score",
-    "error"}``. The protocol owns stdout; anything a generator prints goes to stderr.
+    Requests: ``{"id", "task", "config", "size", "seed", "index", "answer"}``; replies ``{"id",
+    "score", "error"}`` go to ``reply_fd``, a pipe of their own: file descriptor 1 points at
+    stderr, so nothing printed while scoring can pass for a reply.
     """
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    global _REPLY_FD
+    _REPLY_FD = reply_fd
+    os.set_inheritable(reply_fd, False)
+    out = os.fdopen(reply_fd, "w", encoding="utf-8")
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
         import resource
 
         limit = memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        resource.setrlimit(resource.RLIMIT_NPROC, (0, hard))  # no child processes (root is exempt)
     except (ImportError, ValueError, OSError):
         pass
     try:
         _require()
+        import sympy.parsing.sympy_parser  # noqa: F401  (imported before any answer is seen)
     except ImportError as exc:
         out.write(json.dumps({"ready": False, "error": str(exc)}) + "\n")
         out.flush()
@@ -143,67 +183,110 @@ def _worker_loop(memory_mb: int) -> None:  # pragma: no cover (runs in the worke
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:
+        request_id = None
         try:
             req = json.loads(line)
+            request_id = req["id"]
             dataset = _dataset(req["task"], req["config"], req["size"], req["seed"])
-            reply = {"score": _score(dataset, req["answer"], dataset[req["index"]]), "error": None}
+            score, error = _score(dataset, req["answer"], dataset[req["index"]])
+            reply = {"score": score, "error": error}
         except MemoryError:
             reply = {"score": 0.0, "error": "scoring ran out of memory"}
-        except Exception as exc:  # the generator's scorer failed on this answer
+        except Exception as exc:  # a malformed request, or the generator failed outside its scorer
             reply = {"score": 0.0, "error": f"scoring failed: {type(exc).__name__}: {exc}"[:300]}
-        out.write(json.dumps(reply) + "\n")
+        out.write(json.dumps({"id": request_id, **reply}) + "\n")
         out.flush()
 
 
 class _ScoringWorker:
     """One worker process per parent process, shared by every env; restarted after a timeout.
 
-    A plain ``python -c`` subprocess speaking JSON lines over its pipes: no fork of a process
-    that may hold threads, and no re-import of the parent's main module (a spawned
-    multiprocessing child would import ``train.py`` and torch with it).
+    A plain ``python -c`` subprocess in a session (process group) of its own, reading requests
+    on stdin and writing replies to a private pipe: no fork of a process that may hold threads,
+    no re-import of the parent's main module (a spawned multiprocessing child would import
+    ``train.py`` and torch with it), and no reader thread. At a time limit the whole process
+    group is killed; a reply that is not the answer to the request just sent (unreadable,
+    oversized, another id) scores 0 and the worker is replaced.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reply_fd: int | None = None
+        self._buffer = b""
+        self._count = 0
 
     def _start(self, memory_mb: int) -> str | None:
         """Start the worker and wait until it has imported reasoning-gym; an error or None."""
         root = str(Path(__file__).resolve().parents[1])  # where the envs package lives
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-        code = f"import envs.reasoning as r; r._worker_loop({int(memory_mb)})"
-        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      env=env, text=True, encoding="utf-8", bufsize=1)
-        self._lines = queue.Queue()
-        lines, stream = self._lines, self._proc.stdout
-
-        def read() -> None:
-            for line in stream:  # type: ignore[union-attr]
-                lines.put(line)
-            lines.put(None)  # end of stream: the worker exited
-
-        threading.Thread(target=read, daemon=True, name="freshper-reasoning-scorer-reader").start()
+        read_fd, write_fd = os.pipe()
+        code = self._code(memory_mb, write_fd)
         try:
-            first = self._lines.get(timeout=START_TIMEOUT)
-        except queue.Empty:
+            self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, env=env, pass_fds=(write_fd,),
+                                          start_new_session=True)
+        except OSError as exc:
+            os.close(read_fd)
+            return f"the scoring worker could not start: {exc}"
+        finally:
+            os.close(write_fd)
+        self._reply_fd, self._buffer = read_fd, b""
+        first = self._read_line(START_TIMEOUT)
+        if first is None:
             self.stop()
             return f"the scoring worker did not start within {START_TIMEOUT:g} s"
-        message = json.loads(first) if first else {"ready": False, "error": "it exited"}
+        message = _json_object(first) or {"ready": False, "error": "it exited"}
         if not message.get("ready"):
             self.stop()
             return f"the scoring worker could not start: {message.get('error')}"
         return None
 
+    def _code(self, memory_mb: int, reply_fd: int) -> str:
+        """The worker's ``python -c`` program."""
+        return f"import envs.reasoning as r; r._worker_loop({int(memory_mb)}, {int(reply_fd)})"
+
+    def _read_line(self, timeout: float) -> bytes | None:
+        """The next reply line within ``timeout`` seconds; b"" at end of stream, None at the limit."""
+        deadline = time.monotonic() + timeout
+        assert self._reply_fd is not None
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                return b"{}"  # oversized: unreadable
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._reply_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._reply_fd, 65_536)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
     def stop(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-            for pipe in (self._proc.stdin, self._proc.stdout):
-                if pipe is not None:
-                    pipe.close()
-        self._proc = None
+            # The worker, its process group, and any descendant that left the group (setsid).
+            for pid in _descendants(self._proc.pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                logger.warning("the reasoning scoring worker (pid %d) did not exit after SIGKILL", self._proc.pid)
+            if self._proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()
+        if self._reply_fd is not None:
+            os.close(self._reply_fd)
+        self._proc, self._reply_fd, self._buffer = None, None, b""
 
     def score(self, request: dict[str, Any], timeout: float, memory_mb: int) -> tuple[float, str | None]:
         with self._lock:
@@ -212,22 +295,68 @@ class _ScoringWorker:
                 error = self._start(memory_mb)
                 if error:
                     return 0.0, error
+            self._count += 1
+            request_id = f"{os.getpid()}-{self._count}-{secrets.token_hex(8)}"
             try:
                 assert self._proc is not None and self._proc.stdin is not None
-                self._proc.stdin.write(json.dumps(request) + "\n")
+                self._proc.stdin.write((json.dumps({"id": request_id, **request}) + "\n").encode("utf-8"))
                 self._proc.stdin.flush()
-                line = self._lines.get(timeout=timeout)
-            except queue.Empty:
-                self.stop()  # still computing: kill it; the next answer starts a fresh one
-                return 0.0, f"scoring timed out after {timeout:g} s"
             except OSError as exc:
                 self.stop()
                 return 0.0, f"the scoring worker died ({type(exc).__name__})"
+            line = self._read_line(timeout)
             if line is None:
+                self.stop()  # still computing: kill it; the next answer starts a fresh one
+                return 0.0, f"scoring timed out after {timeout:g} s"
+            if not line:
                 self.stop()
                 return 0.0, "the scoring worker died while scoring (out of memory?)"
-            reply = json.loads(line)
-            return float(reply["score"]), reply["error"]
+            reply = _json_object(line)
+            try:
+                if reply is None or reply.get("id") != request_id:
+                    raise ValueError("not the reply to this request")
+                score, error = float(reply["score"]), reply["error"]
+                if not (0.0 <= score <= 1.0) or not (error is None or isinstance(error, str)):
+                    raise ValueError("a score outside [0, 1]")
+            except (KeyError, TypeError, ValueError) as exc:
+                self.stop()
+                return 0.0, f"the scoring worker's reply was unreadable ({exc})"
+            return score, error
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (Linux's /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    """``line`` as a JSON object, or None when it is not one."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 _WORKER = _ScoringWorker()
@@ -349,11 +478,10 @@ class ReasoningGymEnv(MultiTurnEnv):
 
     def _score_answer(self, answer: str) -> tuple[float, str | None]:
         if self.scoring == "inline" or (_PLAIN_ANSWER.match(answer) and "**" not in answer):
-            try:
-                return _score(self.dataset, answer, self.entry), None
-            except Exception as exc:  # the generator's scorer failed on this answer
-                logger.debug("reasoning-gym %s: scoring %r failed: %s", self.task, answer[:80], exc)
-                return 0.0, f"scoring failed: {type(exc).__name__}: {exc}"[:300]
+            score, error = _score(self.dataset, answer, self.entry)
+            if error:
+                logger.debug("reasoning-gym %s: answer %r scored 0: %s", self.task, answer[:80], error)
+            return score, error
         request = {"task": self.task, "config": self._config_json, "size": self.size, "seed": self.dataset_seed,
                    "index": self.index, "answer": answer}
         score, error = _WORKER.score(request, self.score_timeout, self.score_memory_mb)
