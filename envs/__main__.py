@@ -20,9 +20,12 @@ def _kwargs_text(kwargs: dict) -> str:
 
 def _description(spec: envs.TaskSpec) -> str:
     """The description, with what to install when a package the task needs is missing."""
+    text = spec.description
+    if spec.needs:
+        text += f" [needs {', '.join(k + '=...' for k in spec.needs)}]"
     if spec.available:
-        return spec.description
-    return f"{spec.description} [not installed: {spec.install_hint or ', '.join(spec.missing())}]"
+        return text
+    return f"{text} [not installed: {spec.install_hint or ', '.join(spec.missing())}]"
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:
@@ -41,7 +44,8 @@ def list_tasks(out: TextIO = sys.stdout, as_json: bool = False) -> None:
             entry = s.entry_point if isinstance(s.entry_point, str) else repr(s.entry_point)
             out.write(json.dumps({"id": s.id, "modality": s.modality, "kwargs": s.kwargs,
                                   "description": s.description, "source": s.source, "entry_point": entry,
-                                  "available": s.available, "install_hint": s.install_hint}) + "\n")
+                                  "available": s.available, "install_hint": s.install_hint,
+                                  "needs": list(s.needs)}) + "\n")
         return
     rows = [[s.id, s.modality, _kwargs_text(s.kwargs), _description(s), s.source] for s in specs]
     out.write(format_table(rows, ["id", "modality", "defaults", "description", "source"]) + "\n")

@@ -100,3 +100,19 @@ register(
     requires=("gem",),
     install_hint=GEM_INSTALL_HINT,
 )
+register(
+    "freshper/Remote-v0",
+    "envs.remote:RemoteEnv",
+    modality="text",
+    description="A text task served by `python -m envs.serve ID` at url= (other kwargs go to the served task).",
+    kwargs={},
+    needs=("url",),
+)
+register(
+    "freshper/RemoteVision-v0",
+    "envs.remote:RemoteVisionEnv",
+    modality="vision",
+    description="A vision task served by `python -m envs.serve ID` at url= (images sent as lossless PNG).",
+    kwargs={},
+    needs=("url",),
+)

@@ -57,6 +57,9 @@ class TaskSpec:
     requires: tuple[str, ...] = ()
     #: What to install when a required module is missing, e.g. ``pip install -e '.[reasoning]'``.
     install_hint: str = ""
+    #: Keyword arguments the task cannot be built without (a served task's ``url``, an adapter's
+    #: environment): listed with the task; checks that build every task by its defaults skip it.
+    needs: tuple[str, ...] = ()
 
     def missing(self) -> list[str]:
         """The required modules that cannot be imported here (cheap: nothing is imported)."""
@@ -159,6 +162,7 @@ def register(
     override: bool = False,
     requires: tuple[str, ...] | list[str] = (),
     install_hint: str = "",
+    needs: tuple[str, ...] | list[str] = (),
 ) -> TaskSpec:
     """Register a task by id.
 
@@ -178,6 +182,8 @@ def register(
             missing the task is still listed (marked) and building it raises ``ImportError``
             with ``install_hint``.
         install_hint: what to install, e.g. ``"pip install -e '.[reasoning]'"``.
+        needs: keyword arguments without which the task cannot be built (e.g. ``("url",)`` for a
+            task played on a server); ``python -m envs list`` shows them.
     """
     validate_id(env_id)
     source = source or _plugin_source or "freshper"
@@ -200,7 +206,7 @@ def register(
             "version (e.g. -v1) or pass override=True"
         )
     spec = TaskSpec(env_id, entry_point, modality, description, dict(kwargs or {}), source,
-                    tuple(requires), install_hint)
+                    tuple(requires), install_hint, tuple(needs))
     _TASKS[env_id] = spec
     if env_id in gym.registry:
         del gym.registry[env_id]

@@ -1,0 +1,578 @@
+"""A registered task as a network service: one env per session, over HTTP/1.1 and JSON.
+
+    python -m envs.serve freshper/FrozenLake-v0 --port 8000 [--host 127.0.0.1] [--max-sessions 64]
+        [--idle-timeout 300] [--max-message-bytes 8388608] [--kw size=6 ...] [--lock-kwargs]
+    python -m envs.serve freshper/FrozenLake-v0 --protocol openenv   # OpenEnv's protocol (extra .[openenv])
+
+The client is :class:`envs.remote.RemoteEnv`, itself a ``gymnasium.Env``:
+``gym.make("freshper/Remote-v0", url="http://127.0.0.1:8000")`` (``freshper/RemoteVision-v0``
+for a vision task), so the runner, ``train.py`` and Ray workers play a served task as if it
+were local. Only the standard library is used here: serving needs no package beyond the
+task's own.
+
+The protocol (``freshper-env/1``; every body is a JSON object, every answer too):
+
+=================================  ==============================================================
+``GET /health``                    ``{"status": "ok", "task", "sessions", "max_sessions"}``
+``GET /info``                      the task: ``protocol``, ``task``, ``modality``, ``description``,
+                                   ``kwargs`` (the server's), ``limits``
+``POST /sessions``                 ``{"kwargs": {...}}`` (optional) -> ``{"session", "modality",
+                                   "markov_state", "image_shape", "max_text_length", ...}``; one
+                                   new env built with the server's kwargs updated by these
+``POST /sessions/<id>/reset``      ``{"seed": int | null, "options": {...} | null}`` ->
+                                   ``{"observation", "info"}``
+``POST /sessions/<id>/step``       ``{"action": str}`` -> ``{"observation", "reward", "terminated",
+                                   "truncated", "info"}``
+``POST /sessions/<id>/call``       ``{"method": name, "args": [...]}`` -> ``{"result"}``: the task
+                                   contract's text methods (``render_text``, ``legal_actions``,
+                                   ``format_reply``, ``lookahead_text``, ...; :data:`CALLS`)
+``DELETE /sessions/<id>``          closes the session's env
+``POST /batch``                    ``{"calls": [{"session", "op": "reset"|"step", ...}, ...]}`` ->
+                                   ``{"results": [...]}``: a whole turn of many sessions in one
+                                   round trip (each result is the op's answer or ``{"error",
+                                   "status"}``)
+=================================  ==============================================================
+
+Observations are ``{"text": str}`` plus, for vision tasks, ``"image": {"png": base64, "shape":
+[H, W, 3]}`` (PNG: lossless, so the client's array equals the server's bit for bit).
+
+Limits, each refused with a 4xx/5xx and ``{"error": "..."}`` saying what to do: at most
+``max_sessions`` open sessions (503; idle sessions are closed after ``idle_timeout`` seconds
+without a request, and a request to a closed one is a 404), request bodies up to
+``max_message_bytes`` (413), a client that stalls mid-request gets a 408, JSON nested too deeply
+or of the wrong shape a 400, a batch of more than ``max_sessions`` calls a 400. A task error
+while building, resetting or stepping is a 400 (bad kwargs) or 500 with the exception's text;
+the server keeps serving. SIGTERM and SIGINT stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import logging
+import math
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL = "freshper-env/1"
+#: The task contract's methods a client may call on its session's env (text in, JSON out).
+CALLS = ("instructions", "state_text", "render_text", "legal_actions", "effective_actions", "format_reply",
+         "describe_action", "outcome_text", "lookahead_text", "aim_text", "subgoal_text", "subgoal_moves",
+         "tokenizer_text", "render_image", "skips_noop_moves")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server allows; anything beyond is refused with a clear error."""
+
+    max_sessions: int = 64
+    #: Seconds without a request after which a session's env is closed.
+    idle_timeout: float = 300.0
+    max_message_bytes: int = 8 << 20
+    #: Seconds a client may stall mid-request before it gets a 408.
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if not self.idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds, got {self.idle_timeout}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+
+
+class ServeError(Exception):
+    """A request the server refuses: an HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- wire encoding (shared with envs.remote) --------------------------------------------------
+def encode_image(image: Any) -> dict[str, Any]:
+    """A uint8 (H, W, 3) array as ``{"png": base64, "shape": [H, W, 3]}`` (lossless)."""
+    from PIL import Image
+
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
+        raise ValueError(f"images must be uint8 (H, W, 3), got {arr.dtype} {arr.shape}")
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode="RGB").save(buf, format="PNG", compress_level=1)
+    return {"png": base64.b64encode(buf.getvalue()).decode("ascii"), "shape": list(arr.shape)}
+
+
+def decode_image(payload: dict[str, Any]) -> np.ndarray:
+    """The array :func:`encode_image` encoded."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(payload["png"], validate=True))) as im:
+        arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    if list(arr.shape) != list(payload.get("shape", arr.shape)):
+        raise ValueError(f"image decodes to {arr.shape}, the message says {payload.get('shape')}")
+    return arr
+
+
+def encode_observation(obs: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"text": obs.get("text", "")}
+    if obs.get("image") is not None:
+        out["image"] = encode_image(obs["image"])
+    return out
+
+
+def decode_observation(payload: dict[str, Any]) -> dict[str, Any]:
+    obs: dict[str, Any] = {"text": payload["text"]}
+    if "image" in payload:
+        obs["image"] = decode_image(payload["image"])
+    return obs
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON types: numpy scalars and arrays become numbers and lists, tuples
+    lists, non-finite floats strings; anything else unknown its ``repr``."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return repr(value)
+
+
+# -- sessions -----------------------------------------------------------------------------------
+class Session:
+    """One env and when it was last used; its requests run one at a time."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.lock = threading.Lock()
+        self.last_used = time.monotonic()
+        self.closed = False
+
+
+class TaskService:
+    """The sessions of one task and what each request does to them (no HTTP here)."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any] | None = None, limits: Limits | None = None, *,
+                 lock_kwargs: bool = False) -> None:
+        import envs
+
+        self.spec = envs.task_spec(env_id)
+        self.env_id = env_id
+        self.kwargs = dict(kwargs or {})
+        self.limits = limits or Limits()
+        self.lock_kwargs = bool(lock_kwargs)
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self.reaped = 0
+        envs.make(env_id, **self.kwargs).close()  # a task that cannot be built fails before serving
+
+    # sessions
+    @property
+    def open_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def info(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL, "task": self.env_id, "modality": self.spec.modality,
+                "description": self.spec.description, "kwargs": jsonable(self.kwargs),
+                "lock_kwargs": self.lock_kwargs, "limits": asdict(self.limits)}
+
+    def open(self, body: dict[str, Any]) -> dict[str, Any]:
+        import envs
+
+        kwargs = body.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise ServeError(400, "'kwargs' must be a JSON object of task keyword arguments")
+        if kwargs and self.lock_kwargs:
+            raise ServeError(403, f"this server plays {self.env_id} with fixed kwargs {self.kwargs}; "
+                                  f"it was started with --lock-kwargs, so {sorted(kwargs)} cannot be set")
+        with self._lock:  # reserve the slot first, so concurrent opens cannot overshoot the limit
+            if len(self._sessions) >= self.limits.max_sessions:
+                raise ServeError(503, f"session limit reached ({len(self._sessions)} of {self.limits.max_sessions} "
+                                      "open); close one (DELETE /sessions/<id>) or wait: idle sessions are closed "
+                                      f"after {self.limits.idle_timeout:g} s")
+            sid = uuid.uuid4().hex
+            self._sessions[sid] = placeholder = Session(None)
+            placeholder.lock.acquire()
+        try:
+            env = envs.make(self.env_id, **{**self.kwargs, **kwargs})
+        except (TypeError, ValueError) as exc:
+            self._drop(sid)
+            raise ServeError(400, f"{self.env_id} cannot be built with kwargs {kwargs}: {exc}") from None
+        except Exception as exc:
+            self._drop(sid)
+            raise ServeError(500, f"{self.env_id} could not be built: {type(exc).__name__}: {exc}") from None
+        placeholder.env = env
+        placeholder.last_used = time.monotonic()
+        placeholder.lock.release()
+        inner = env.unwrapped
+        image_space = getattr(env.observation_space, "spaces", {}).get("image")
+        return {"session": sid, "task": self.env_id, "modality": self.spec.modality,
+                "markov_state": bool(getattr(inner, "markov_state", False)),
+                "image_shape": list(image_space.shape) if image_space is not None else None,
+                "max_text_length": int(getattr(env.action_space, "max_length", 1 << 20)),
+                "render_modes": list(getattr(inner, "metadata", {}).get("render_modes", ["ansi"])),
+                "idle_timeout": self.limits.idle_timeout}
+
+    def _drop(self, sid: str) -> None:
+        with self._lock:
+            self._sessions.pop(sid, None)
+
+    def _session(self, sid: str) -> Session:
+        with self._lock:
+            session = self._sessions.get(sid)
+        if session is None:
+            raise ServeError(404, f"no open session {sid!r}: it was closed, or reaped after "
+                                  f"{self.limits.idle_timeout:g} s idle; open a new one (POST /sessions)")
+        return session
+
+    def close(self, sid: str) -> dict[str, Any]:
+        with self._lock:
+            session = self._sessions.pop(sid, None)
+        if session is None:
+            raise ServeError(404, f"no open session {sid!r}")
+        self._close_env(session)
+        return {"closed": sid}
+
+    @staticmethod
+    def _close_env(session: Session) -> None:
+        with session.lock:
+            session.closed = True
+            if session.env is not None:
+                try:
+                    session.env.close()
+                except Exception:  # closing must not fail the server
+                    logger.exception("closing an env failed")
+
+    def reap(self, now: float | None = None) -> int:
+        """Close sessions idle longer than ``idle_timeout``; return how many."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            stale = [sid for sid, s in self._sessions.items()
+                     if s.env is not None and not s.lock.locked() and now - s.last_used > self.limits.idle_timeout]
+            victims = [self._sessions.pop(sid) for sid in stale]
+        for session in victims:
+            self._close_env(session)
+        if victims:
+            logger.info("closed %d idle session(s)", len(victims))
+            self.reaped += len(victims)
+        return len(victims)
+
+    def close_all(self) -> None:
+        with self._lock:
+            victims = list(self._sessions.values())
+            self._sessions.clear()
+        for session in victims:
+            self._close_env(session)
+
+    # operations on one session
+    def run(self, sid: str, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(sid)
+        with session.lock:
+            if session.closed:
+                raise ServeError(404, f"session {sid!r} was closed")
+            try:
+                return getattr(self, "_" + op)(session.env, body)
+            finally:
+                session.last_used = time.monotonic()
+
+    @staticmethod
+    def _reset(env: Any, body: dict[str, Any]) -> dict[str, Any]:
+        seed, options = body.get("seed"), body.get("options")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise ServeError(400, f"'seed' must be a non-negative integer or null, got {seed!r}")
+        if options is not None and not isinstance(options, dict):
+            raise ServeError(400, "'options' must be a JSON object or null")
+        obs, info = env.reset(seed=seed, options=options)
+        return {"observation": encode_observation(obs), "info": jsonable(info)}
+
+    @staticmethod
+    def _step(env: Any, body: dict[str, Any]) -> dict[str, Any]:
+        if "action" not in body:
+            raise ServeError(400, "'action' (the reply text) is required")
+        action = body["action"]
+        if not isinstance(action, str):
+            raise ServeError(400, f"'action' must be a string, got {type(action).__name__}")
+        try:
+            obs, reward, terminated, truncated, info = env.step(action)
+        except RuntimeError as exc:  # e.g. a step after the episode ended
+            raise ServeError(409, str(exc)) from None
+        return {"observation": encode_observation(obs), "reward": float(reward), "terminated": bool(terminated),
+                "truncated": bool(truncated), "info": jsonable(info)}
+
+    @staticmethod
+    def _call(env: Any, body: dict[str, Any]) -> dict[str, Any]:
+        method, args = body.get("method"), body.get("args") or []
+        if method not in CALLS:
+            raise ServeError(400, f"'method' must be one of {', '.join(CALLS)}, got {method!r}")
+        if not isinstance(args, list) or len(args) > 4:
+            raise ServeError(400, "'args' must be a list of at most 4 JSON values")
+        try:
+            result = getattr(env.unwrapped, method)(*args)
+        except NotImplementedError as exc:
+            raise ServeError(501, str(exc) or f"{method} is not implemented by {type(env.unwrapped).__name__}") from None
+        except TypeError as exc:
+            raise ServeError(400, f"{method}{tuple(args)}: {exc}") from None
+        if method == "render_image":
+            return {"result": encode_image(result)}
+        return {"result": jsonable(result)}
+
+    def batch(self, body: dict[str, Any]) -> dict[str, Any]:
+        calls = body.get("calls")
+        if not isinstance(calls, list):
+            raise ServeError(400, "'calls' must be a list of {session, op, ...} objects")
+        if len(calls) > self.limits.max_sessions:
+            raise ServeError(400, f"a batch holds at most {self.limits.max_sessions} calls (max_sessions), got {len(calls)}")
+        results = []
+        for call in calls:
+            try:
+                if not isinstance(call, dict) or call.get("op") not in ("reset", "step", "call"):
+                    raise ServeError(400, "each call must be an object with 'session' and 'op' (reset, step or call)")
+                results.append(self.run(str(call.get("session")), call["op"], call))
+            except ServeError as err:
+                results.append({"error": str(err), "status": err.status})
+            except Exception as err:
+                logger.exception("batch call failed")
+                results.append({"error": f"{type(err).__name__}: {err}", "status": 500})
+        return {"results": results}
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+class _Handler(BaseHTTPRequestHandler):
+    server: "TaskServer"
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else keep-alive replies wait ~40 ms on delayed ACKs
+
+    def setup(self) -> None:
+        self.timeout = self.server.service.limits.request_timeout
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        logger.debug("%s - %s", self.address_string(), format % args)
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == 503:
+            self.send_header("Retry-After", "1")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        limit = self.server.service.limits.max_message_bytes
+        header = self.headers.get("Content-Length")
+        if header is None:
+            if self.command == "DELETE" or self.headers.get("Transfer-Encoding") is None:
+                return {}
+            self.close_connection = True
+            raise ServeError(411, "a Content-Length header is required (chunked bodies are not accepted)")
+        try:
+            length = int(header)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            raise ServeError(400, f"invalid Content-Length {header!r}") from None
+        try:
+            if length > limit:
+                self.close_connection = True
+                remaining = length if length <= 4 * limit else 0  # read a modest excess away, so the client sees the 413
+                while remaining > 0:
+                    chunk = self.rfile.read(min(remaining, 1 << 16))
+                    if not chunk:
+                        break
+                    remaining -= len(chunk)
+                raise ServeError(413, f"message of {length} bytes exceeds the server's limit of {limit} bytes "
+                                      "(--max-message-bytes)")
+            raw = self.rfile.read(length)
+        except (socket.timeout, TimeoutError):
+            self.close_connection = True
+            raise ServeError(408, f"the request body did not arrive within {self.timeout} s") from None
+        if len(raw) < length:
+            self.close_connection = True
+            raise ServeError(400, f"the body ended after {len(raw)} of {length} bytes")
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ServeError(400, f"the body is not valid UTF-8 JSON: {err}") from None
+        except RecursionError:
+            raise ServeError(400, "the body's JSON is nested too deeply") from None
+        if not isinstance(body, dict):
+            raise ServeError(400, "the body must be a JSON object")
+        return body
+
+    def _route(self, method: str) -> None:
+        service = self.server.service
+        try:
+            if self.server.stopping:
+                self.close_connection = True
+                raise ServeError(503, "the server is shutting down")
+            parts = [p for p in self.path.split("?")[0].split("/") if p]
+            body = self._body() if method in ("POST", "DELETE") else {}
+            if method == "GET" and parts == ["health"]:
+                out = {"status": "ok", "task": service.env_id, "sessions": service.open_sessions,
+                       "max_sessions": service.limits.max_sessions}
+            elif method == "GET" and parts == ["info"]:
+                out = service.info()
+            elif method == "POST" and parts == ["sessions"]:
+                out = service.open(body)
+            elif method == "POST" and parts == ["batch"]:
+                out = service.batch(body)
+            elif method == "POST" and len(parts) == 3 and parts[0] == "sessions" and parts[2] in ("reset", "step", "call"):
+                out = service.run(parts[1], parts[2], body)
+            elif method == "DELETE" and len(parts) == 2 and parts[0] == "sessions":
+                out = service.close(parts[1])
+            else:
+                raise ServeError(404, f"unknown endpoint {method} {self.path!r}; see `python -m envs.serve --help`")
+        except ServeError as err:
+            self._send(err.status, {"error": str(err)})
+            return
+        except Exception as err:  # a task's bug must not kill the server; the client sees a 500
+            logger.exception("request failed")
+            self._send(500, {"error": f"internal error: {type(err).__name__}: {err}"})
+            return
+        self._send(200, out)
+
+    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+        self._route("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._route("POST")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._route("DELETE")
+
+
+class TaskServer(ThreadingHTTPServer):
+    """A threading HTTP server for one task, with a reaper thread closing idle sessions."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 256
+
+    def __init__(self, address: tuple[str, int], service: TaskService) -> None:
+        self.service = service
+        super().__init__(address, _Handler)
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="envs.serve-reaper", daemon=True)
+        self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        period = min(5.0, max(0.05, self.service.limits.idle_timeout / 4))
+        while not self._stop.wait(period):
+            try:
+                self.service.reap()
+            except Exception:
+                logger.exception("reaping idle sessions failed")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def shutdown(self) -> None:
+        self._stop.set()  # open keep-alive connections are answered 503 and closed from now on
+        super().shutdown()
+
+    def server_close(self) -> None:
+        self._stop.set()
+        super().server_close()
+        self.service.close_all()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+def make_server(env_id: str, host: str = "127.0.0.1", port: int = 0, *, kwargs: dict[str, Any] | None = None,
+                limits: Limits | None = None, lock_kwargs: bool = False) -> TaskServer:
+    """A server for ``env_id`` bound to ``host:port`` (0: a free port), not yet serving:
+    call ``serve_forever()`` (e.g. in a thread) and ``shutdown()`` / ``server_close()``."""
+    return TaskServer((host, port), TaskService(env_id, kwargs, limits, lock_kwargs=lock_kwargs))
+
+
+def serve(env_id: str, host: str, port: int, *, kwargs: dict[str, Any] | None = None, limits: Limits | None = None,
+          lock_kwargs: bool = False) -> None:
+    """Serve until SIGTERM/SIGINT, then close every session and exit."""
+    server = make_server(env_id, host, port, kwargs=kwargs, limits=limits, lock_kwargs=lock_kwargs)
+
+    def stop(signum: int, _frame: Any) -> None:
+        logger.info("signal %d: shutting down", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"serving {env_id} ({PROTOCOL}) at {server.url}: gym.make('freshper/Remote{'Vision' if server.service.spec.modality == 'vision' else ''}-v0', "
+          f"url='{server.url}')", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        logger.info("server stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m envs.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("env_id", help="a registered task id (python -m envs list)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    parser.add_argument("--max-sessions", type=int, default=Limits.max_sessions, help="open sessions at most")
+    parser.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout,
+                        help="seconds without a request after which a session is closed")
+    parser.add_argument("--max-message-bytes", type=int, default=Limits.max_message_bytes,
+                        help="largest request body accepted")
+    parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments")
+    parser.add_argument("--lock-kwargs", action="store_true", help="refuse task kwargs from clients")
+    parser.add_argument("--protocol", choices=("freshper", "openenv"), default="freshper",
+                        help="freshper's (standard library, this module) or OpenEnv's (needs .[openenv])")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from envs.play import parse_kwargs
+
+    try:
+        limits = Limits(args.max_sessions, args.idle_timeout, args.max_message_bytes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    kwargs = parse_kwargs(args.kw)
+    if args.protocol == "openenv":
+        from envs.openenv_compat import serve_openenv
+
+        serve_openenv(args.env_id, args.host, args.port, kwargs=kwargs, max_sessions=args.max_sessions,
+                      idle_timeout=args.idle_timeout)
+        return 0
+    serve(args.env_id, args.host, args.port, kwargs=kwargs, limits=limits, lock_kwargs=args.lock_kwargs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
