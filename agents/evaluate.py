@@ -2,6 +2,7 @@
 
     python -m agents.evaluate --env freshper/FrozenLake-v0 [--model PATH] [--episodes 100]
         [--seed 1900000000] [--greedy] [--context window:0] [--kw KEY=VALUE ...] [--save DIR]
+    python -m agents.evaluate --env ID --base-url URL --model NAME [--api-key-env VAR] ...   # agents/openai_eval.py
 
 Seed convention: held-out tasks use seeds from ``EVAL_SEED_OFFSET`` (1.9e9) on; ``train.py``
 draws training and warm-up seeds below it and evaluates from it too, so this CLI's default
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,8 +147,64 @@ def save_gifs(records: list[Trajectory], folder: Path, limit: int = 4, fps: int 
     return out
 
 
+def endpoint_main(argv: list[str]) -> int:
+    """``--base-url``: the model behind an OpenAI-compatible endpoint plays (agents/openai_eval.py)."""
+    import json
+
+    from agents.openai_eval import EndpointError, EndpointRunner, add_arguments, endpoint_from_args, endpoint_summary
+    from agents.runner import default_env_kwargs
+    from envs.play import parse_kwargs
+    from envs.registry import task_spec
+
+    parser = argparse.ArgumentParser(prog="python -m agents.evaluate --base-url URL",
+                                     description="Evaluate a model behind an OpenAI-compatible chat-completions endpoint.")
+    parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
+    parser.add_argument("--model", required=True, help="the model name the endpoint serves")
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed")
+    parser.add_argument("--greedy", action="store_true", help="temperature 0")
+    parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
+    parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",
+                        help="task keyword arguments (default: train.py's defaults for the task and context)")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="max_tokens of each request")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    endpoint = endpoint_from_args(parser, args)
+    task_spec(args.env)
+    env_kwargs = parse_kwargs(args.kw) if args.kw is not None else default_env_kwargs(args.env, args.context)
+    runner = EndpointRunner(endpoint, args.env, env_kwargs=env_kwargs, context=args.context,
+                            max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            concurrency=args.concurrency)
+    try:
+        result = evaluate(None, args.env, episodes=args.episodes, seed=args.seed, greedy=args.greedy,  # type: ignore[arg-type]
+                          runner=runner, batch_size=args.episodes, progress=True)
+    except EndpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"endpoint {args.base_url}, model {args.model}, task kwargs {env_kwargs}")
+    print(result.table())
+    failed = result.stats["failed"]
+    print(f"failed episodes {failed} (left out of the rates), retried requests {endpoint.retries}")
+    if args.save:
+        folder = Path(args.save)
+        save_records(result.records, folder)
+        gifs = save_gifs(result.records, folder / "gifs")
+        (folder / "endpoint.json").write_text(json.dumps(endpoint_summary(args, env_kwargs, result), indent=1),
+                                              encoding="utf-8")
+        print(f"saved {len(result.records)} records to {folder}" + (f" and {len(gifs)} GIFs" if gifs else ""))
+    return 0 if result.episodes else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.evaluate", description=__doc__.split("\n\n")[0])
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--base-url" or a.startswith("--base-url=") for a in args_in):
+        return endpoint_main(args_in)
+    parser = argparse.ArgumentParser(prog="python -m agents.evaluate", description=__doc__.split("\n\n")[0],
+                                     epilog="--base-url URL --model NAME [--api-key-env VAR]: evaluate a model behind "
+                                            "an OpenAI-compatible endpoint instead (--base-url URL -h lists its flags)")
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
     parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     parser.add_argument("--episodes", type=int, default=100)
