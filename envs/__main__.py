@@ -1,4 +1,5 @@
-"""``python -m envs list``: print every registered task (built-in and plugins).
+"""``python -m envs list``: print every registered task (built-in and plugins);
+``python -m envs new mypkg/MyTask-v0 [DIR]``: write a task plugin package (:mod:`envs.scaffold`).
 
 The listing reads only the registry (entry points are lazy ``module:Class`` strings), so it
 works even when a task's module is missing or fails to import.
@@ -57,9 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     p_list = sub.add_parser("list", help="print every registered task with its modality and defaults")
     p_list.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    p_new = sub.add_parser("new", help="write a task plugin package (pyproject entry point, a task, its test)")
+    p_new.add_argument("env_id", help="the new task's id, e.g. mypkg/MyTask-v0 (the namespace names the package)")
+    p_new.add_argument("dir", nargs="?", default=None, help="where to write it (default: ./<namespace>)")
     args = parser.parse_args(argv)
     if args.command == "list":
         list_tasks(as_json=args.json)
+        return 0
+    if args.command == "new":
+        from envs.scaffold import scaffold
+
+        try:
+            root = scaffold(args.env_id, args.dir)
+        except (ValueError, FileExistsError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.env_id} to {root}/. Next: pip install -e '{root}[test]' && (cd {root} && pytest)")
         return 0
     parser.print_help()
     return 2
