@@ -2,7 +2,6 @@
 
     python -m envs.serve freshper/FrozenLake-v0 --port 8000 [--host 127.0.0.1] [--max-sessions 64]
         [--idle-timeout 300] [--max-message-bytes 8388608] [--kw size=6 ...] [--lock-kwargs]
-    python -m envs.serve freshper/FrozenLake-v0 --protocol openenv   # OpenEnv's protocol (extra .[openenv])
 
 The client is :class:`envs.remote.RemoteEnv`, itself a ``gymnasium.Env``:
 ``gym.make("freshper/Remote-v0", url="http://127.0.0.1:8000")`` (``freshper/RemoteVision-v0``
@@ -551,8 +550,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest request body accepted")
     parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments")
     parser.add_argument("--lock-kwargs", action="store_true", help="refuse task kwargs from clients")
-    parser.add_argument("--protocol", choices=("freshper", "openenv"), default="freshper",
-                        help="freshper's (standard library, this module) or OpenEnv's (needs .[openenv])")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -564,12 +561,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     kwargs = parse_kwargs(args.kw)
-    if args.protocol == "openenv":
-        from envs.openenv_compat import serve_openenv
-
-        serve_openenv(args.env_id, args.host, args.port, kwargs=kwargs, max_sessions=args.max_sessions,
-                      idle_timeout=args.idle_timeout)
-        return 0
     serve(args.env_id, args.host, args.port, kwargs=kwargs, limits=limits, lock_kwargs=args.lock_kwargs)
     return 0
 
