@@ -71,7 +71,7 @@ test-ray: setup-ray
 	$(PY) -m pytest -q tests/test_ray.py $(ARGS)
 
 test-vllm: setup-ray vllm-venv
-	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py $(ARGS)
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py tests/test_vllm_openai.py $(ARGS)
 
 bench-scale: setup-ray vllm-venv
 	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) benchmarks/scale_bench.py $(ARGS)
