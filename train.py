@@ -92,7 +92,7 @@ import yaml  # noqa: E402
 from envs.base import REASONINGS  # noqa: E402
 from learner.checkpoint import (CheckpointError, checkpoint_name, clean_stale_temporaries, list_checkpoints,  # noqa: E402
                                 resolve_resume, save_checkpoint, verify_checkpoint)
-from learner.cli import dataclass_parser, replace_checked  # noqa: E402
+from learner.cli import dataclass_parser, load_config_file, replace_checked  # noqa: E402
 from learner.loss import LossConfig  # noqa: E402
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize, task_turn_diagnostics  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE, MAX_RUN_SEED, VALID_SEED_BASE, train_seed  # noqa: E402
@@ -338,8 +338,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     given: dict[str, Any] = {}
     path = args.pop("config", None)
     if path:
-        with open(path, encoding="utf-8") as fh:
-            given.update(yaml.safe_load(fh) or {})
+        given.update(load_config_file(path))
     given.update(args)
     cfg = config_from_dict(given)
     if cfg.resume:
@@ -347,7 +346,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         saved_path = ckpt / "config.yaml"
         if not saved_path.exists():
             raise CheckpointError(f"{ckpt} has no config.yaml: it is not a train.py checkpoint")
-        saved = config_from_dict(yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {})
+        saved = config_from_dict(load_config_file(saved_path, follow_links=False))
         changed = [k for k in LOCKED_ON_RESUME if k in given and given[k] != getattr(saved, k)]
         if changed:
             flags = ", ".join(f"--{k.replace('_', '-')} ({getattr(saved, k)!r} -> {given[k]!r})" for k in changed)
@@ -585,7 +584,7 @@ def setup(cfg: Config) -> Run:
     from agents.distributed import EngineOptions, build_collector
     from agents.policy import Policy, configure_threads
     from agents.runner import RolloutConfig, default_env_kwargs
-    from learner.checkpoint import RunLock
+    from learner.checkpoint import RunLock, loading, verify_resume
 
     validate(cfg)
     if cfg.env_kwargs is None:
@@ -604,7 +603,7 @@ def setup(cfg: Config) -> Run:
     update_threads = cfg.update_threads or max(1, min(8, available_cpus()))
     resume = resolve_resume(cfg.resume) if cfg.resume else None
     if resume is not None:
-        manifest = verify_checkpoint(resume)
+        manifest = verify_resume(resume)
         run_dir = resume.parent.parent
         missing = [p for p in (run_dir / "config.yaml", run_dir / "reference" / "config.json") if not p.exists()]
         if missing:
@@ -639,7 +638,8 @@ def setup(cfg: Config) -> Run:
         else:
             model_path = Path(cfg.model)
         seed_everything(cfg.seed)
-        policy = Policy.from_pretrained(model_path, device=cfg.device)
+        with loading(model_path):
+            policy = Policy.from_pretrained(model_path, device=cfg.device)
         if policy.is_vision != (modality == "vision"):
             raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
                              f"{cfg.env_id} is a {modality} task")

@@ -175,7 +175,7 @@ class Policy:
         path_str = str(path)
         if not Path(path_str).exists() and ("/" not in path_str or path_str.startswith((".", "/"))):
             raise FileNotFoundError(f"no model folder at {path_str!r} (and it is not a hub id)")
-        config = AutoConfig.from_pretrained(path_str)
+        config = AutoConfig.from_pretrained(path_str, trust_remote_code=False)  # never a folder's code, never a prompt
         if getattr(config, "vision_config", None) is not None:
             from transformers import AutoProcessor
 
@@ -183,12 +183,12 @@ class Policy:
                 from transformers import AutoModelForImageTextToText as auto_vlm
             except ImportError:  # older transformers
                 from transformers import AutoModelForVision2Seq as auto_vlm
-            model = auto_vlm.from_pretrained(path_str, dtype=dtype)
-            processor = AutoProcessor.from_pretrained(path_str)
+            model = auto_vlm.from_pretrained(path_str, dtype=dtype, trust_remote_code=False)
+            processor = AutoProcessor.from_pretrained(path_str, trust_remote_code=False)
             tokenizer = processor.tokenizer
         else:
-            model = AutoModelForCausalLM.from_pretrained(path_str, dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(path_str)
+            model = AutoModelForCausalLM.from_pretrained(path_str, dtype=dtype, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(path_str, trust_remote_code=False)
             processor = None
         model.to(resolve_device(device))
         model.eval()

@@ -27,6 +27,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from agents.safeio import open_nofollow, open_regular
+
 RECORD_FORMAT_VERSION = 2  # 2: per-sample advantages
 #: Versions this code reads (1 has no per-sample advantages).
 READABLE_VERSIONS = (1, 2)
@@ -177,11 +179,37 @@ def _png_bytes(img: np.ndarray) -> bytes:
     return out.getvalue()
 
 
+#: The most pixels an image in a record may have (the boards are ~0.1 MP); a larger one (a PNG
+#: decompression bomb) is refused before it is decoded.
+MAX_IMAGE_PIXELS = 16 << 20
+#: The most bytes an image file of a record may have.
+MAX_IMAGE_BYTES = 64 << 20
+
+
 def _png_array(data: bytes) -> np.ndarray:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
+        if im.width * im.height > MAX_IMAGE_PIXELS:
+            raise ValueError(f"an image of {im.width}x{im.height} pixels, more than the {MAX_IMAGE_PIXELS:,} read")
         return np.asarray(im.convert("RGB"), dtype=np.uint8)
+
+
+def _read_image(folder: Path, name: Any) -> np.ndarray:
+    """The image a record names: a relative path inside the records folder to a regular file
+    (not a link, FIFO or device) of at most :data:`MAX_IMAGE_BYTES`, at most
+    :data:`MAX_IMAGE_PIXELS` pixels; anything else is a ValueError naming it."""
+    from agents.safeio import read_regular
+
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ValueError(f"image file {str(name)[:80]!r} is not a path inside {folder}")
+    try:
+        data = read_regular(folder / name, max_bytes=MAX_IMAGE_BYTES, root=folder)
+        return _png_array(data)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"image {name}: {exc}") from None
+    except Exception as exc:  # PIL's errors on a malformed or oversized image (DecompressionBombError, ...)
+        raise ValueError(f"image {name} cannot be decoded ({type(exc).__name__}: {exc})") from None
 
 
 def save_records(records: Iterable[Trajectory], folder: str | os.PathLike) -> Path:
@@ -199,7 +227,8 @@ def save_records(records: Iterable[Trajectory], folder: str | os.PathLike) -> Pa
             meta["image_files"] = []
             for k, img in enumerate(rec.images):
                 name = f"images/{n}_{k}.png"
-                (folder / name).write_bytes(_png_bytes(img))
+                with open_nofollow(folder / name, "wb") as img_fh:  # never through a planted link
+                    img_fh.write(_png_bytes(img))
                 meta["image_files"].append(name)
             fh.write(json.dumps(meta) + "\n")
         fh.flush()
@@ -218,7 +247,9 @@ def load_records(folder: str | os.PathLike, *, images: bool = True) -> list[Traj
     if not path.exists() and not archived.exists():
         raise FileNotFoundError(f"no records.jsonl in {folder}")
     out = []
-    with (path.open(encoding="utf-8") if path.exists() else gzip.open(archived, "rt", encoding="utf-8")) as fh:
+    fd, _ = open_regular(path if os.path.lexists(path) else archived)  # no link, FIFO or device
+    with os.fdopen(fd, "rb") as raw, (io.TextIOWrapper(raw, encoding="utf-8") if os.path.lexists(path)
+                                      else gzip.open(raw, "rt", encoding="utf-8")) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -226,9 +257,18 @@ def load_records(folder: str | os.PathLike, *, images: bool = True) -> list[Traj
                 meta = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: corrupt record line ({exc})") from exc
+            except (RecursionError, ValueError) as exc:  # nested too deeply, an integer of thousands of digits
+                raise ValueError(f"{path}:{lineno}: unreadable record line ({type(exc).__name__})") from None
+            if not isinstance(meta, dict):
+                raise ValueError(f"{path}:{lineno}: a record line that is not a JSON object")
             files = meta.pop("image_files", [])
-            pixels = [_png_array((folder / f).read_bytes()) for f in files] if images else []
-            out.append(Trajectory._from_meta(meta, pixels))
+            if not isinstance(files, list):
+                raise ValueError(f"{path}:{lineno}: image_files is not a list")
+            try:
+                pixels = [_read_image(folder, f) for f in files] if images else []
+                out.append(Trajectory._from_meta(meta, pixels))
+            except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError) as exc:
+                raise ValueError(f"{path}:{lineno}: malformed record ({type(exc).__name__}: {str(exc)[:200]})") from None
     return out
 
 

@@ -5,11 +5,14 @@ sibling folder, each file fsynced, a ``manifest.json`` (SHA-256 and size of ever
 last, and the folder renamed into place with ``os.replace``. A run killed at any moment leaves
 either the previous checkpoints or the new one complete, never a half-written one under the
 final name. :func:`verify_checkpoint` rechecks the manifest so a damaged checkpoint fails with
-a clear message instead of a confusing unpickling error deep in torch.
+a clear message instead of a confusing unpickling error deep in torch. The manifest is a
+completeness check: it must list at least one file, every file it lists must match, and the
+folder may hold no file it does not list.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -19,10 +22,13 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+
+from agents.safeio import (UnsafeFileError, loads_json, manifest_entries, open_nofollow, open_regular, read_regular,
+                           sha256_regular, unlisted_files)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,15 @@ _NAME_RE = re.compile(r"^iter_(\d{6,})$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used safely (a planted symbolic link where train.py writes)."""
+
+#: Files train.py writes directly in a run folder: a symbolic link at one of these names is
+#: refused when the run starts, so nothing is written through it to the link's target.
+RUN_FILES = (".lock", "config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "summary.txt", "curves.png",
+             "environment.json", "environment.json.tmp")
 
 
 def _sha256(path: Path) -> str:
@@ -88,7 +103,7 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Pa
         }
         for p in files:
             _fsync_path(p)
-        with (tmp / MANIFEST).open("w", encoding="utf-8") as fh:
+        with open_nofollow(tmp / MANIFEST, "w") as fh:
             json.dump(manifest, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
@@ -112,28 +127,80 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Pa
 
 
 def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Check a checkpoint against its manifest; return the manifest or raise :class:`CheckpointError`."""
+    """Check a checkpoint against its manifest; return the manifest or raise :class:`CheckpointError`.
+
+    The manifest must be well formed (relative paths, whole sizes, SHA-256s, an integer
+    iteration) and list at least one file; every listed file must be a regular file (not a
+    link) of that size and hash, and the folder may hold no file the manifest does not list."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a folder")
     mpath = path / MANIFEST
-    if not mpath.exists():
+    if not os.path.lexists(mpath):
         raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it is incomplete (a run killed while writing?)")
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupt ({exc})") from exc
-    for rel, meta in files.items():
+        manifest = loads_json(read_regular(mpath, max_bytes=16 << 20), what=f"{mpath}")
+        entries = manifest_entries(manifest, f"{mpath}")
+        if not isinstance(manifest.get("iteration"), int) or isinstance(manifest["iteration"], bool):
+            raise UnsafeFileError(f"{mpath} has no whole-number \"iteration\"")
+    except (UnsafeFileError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupt ({exc}); resume from an older checkpoint "
+                              f"in {path.parent}") from None
+    extra = unlisted_files(path, {rel for rel, _, _ in entries})
+    if extra:
+        raise CheckpointError(f"checkpoint {path} holds files its manifest does not list ({', '.join(extra[:5])}): "
+                              f"it was modified after it was saved; resume from an older checkpoint in {path.parent}")
+    for rel, size, sha in entries:
         p = path / rel
-        if not p.is_file():
+        if not os.path.lexists(p):
             raise CheckpointError(f"checkpoint {path} is missing {rel}")
-        if p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
+        try:
+            actual_sha, actual_size = sha256_regular(p, root=path)
+        except (UnsafeFileError, OSError) as exc:
+            raise CheckpointError(f"checkpoint {path}: {rel} cannot be checked ({exc})") from None
+        if actual_size != size or actual_sha != sha:
             raise CheckpointError(
                 f"checkpoint {path}: {rel} does not match its checksum (corrupt or modified); "
                 f"resume from an older checkpoint in {path.parent}"
             )
     return manifest
+
+
+def verify_resume(path: str | os.PathLike) -> dict[str, Any]:
+    """What ``--resume`` checks before anything is written: the checkpoint against its manifest
+    (:func:`verify_checkpoint`) and the run's ``metrics.jsonl``, which a resume rewrites from its
+    lines: every line must be a JSON object (a torn last line, from a kill mid-write, excepted),
+    else a :class:`CheckpointError` names the file and the line."""
+    manifest = verify_checkpoint(path)
+    check_metrics_lines(Path(path).parent.parent / "metrics.jsonl")
+    return manifest
+
+
+def check_metrics_lines(path: Path) -> None:
+    """:class:`CheckpointError` naming the first line of a ``metrics.jsonl`` that is not a JSON
+    object (the torn last line of a killed run is allowed); nothing if the file is absent."""
+    if not os.path.lexists(path):
+        return
+    try:
+        fd, _ = open_regular(path)
+    except (UnsafeFileError, OSError) as exc:
+        raise CheckpointError(f"{path} cannot be read to resume: {exc}") from None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as fh:
+        line = fh.readline(1 << 24)
+        lineno = 0
+        while line:
+            lineno += 1
+            nxt = fh.readline(1 << 24)
+            torn = not nxt and not line.endswith("\n")
+            if line.strip() and not torn:
+                try:
+                    row = loads_json(line, what=f"{path} line {lineno}")
+                    if not isinstance(row, dict):
+                        raise UnsafeFileError(f"{path} line {lineno} is not a JSON object")
+                except UnsafeFileError as exc:
+                    raise CheckpointError(f"{exc}: a resume rewrites metrics.jsonl from its lines, so it stops here; "
+                                          "fix or delete that line and resume again") from None
+            line = nxt
 
 
 def resolve_resume(path: str | os.PathLike) -> Path:
@@ -147,6 +214,30 @@ def resolve_resume(path: str | os.PathLike) -> Path:
         if found:
             return found[-1]
     raise CheckpointError(f"no checkpoint found in {path} (expected iter_NNNNNN folders or a checkpoints/ folder)")
+
+
+@contextlib.contextmanager
+def loading(path: str | os.PathLike, what: str = "the model") -> Iterator[None]:
+    """Turn a failure to load weights or state (corrupt safetensors, a pickle that is not one, a
+    malformed ``config.json``, a missing file) into a :class:`CheckpointError` that names
+    ``path`` and the problem in one line, instead of a traceback from deep in a loader."""
+    import pickle
+
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{what} at {path} cannot be loaded: {type(exc).__name__}: {_first_line(exc)}") from exc
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError":  # safetensors' own error class, not importable by a stable name
+            raise
+        raise CheckpointError(f"{what} at {path} cannot be loaded: corrupt safetensors ({_first_line(exc)})") from exc
+
+
+def _first_line(exc: BaseException, n: int = 300) -> str:
+    text = str(exc).strip().split("\n")[0]
+    return text if len(text) <= n else text[:n] + "..."
 
 
 def rng_state() -> dict[str, Any]:
@@ -175,31 +266,93 @@ class RunLock:
     or a resume while the run still trains) is refused with :class:`FileExistsError`. The lock
     is the kernel's (``flock``), so a killed process never leaves a stale one. Taking it also
     removes temporary checkpoint folders that a killed writer left behind.
+
+    The lock file is opened without following a symbolic link (``O_NOFOLLOW``), and a link at
+    any name in :data:`RUN_FILES` refuses the start (:class:`RunFolderError`), so a planted
+    ``.lock`` or ``config.yaml`` link never truncates its target. A start that fails leaves no
+    trace: releasing the lock of a folder that holds nothing else removes the lock file and the
+    folders the lock created.
     """
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         run_dir = Path(run_dir)
+        self.run_dir = run_dir
+        self._created = _missing_parents(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._fh = (run_dir / ".lock").open("a+", encoding="utf-8")
         try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._fh.seek(0)
-            holder = self._fh.read().strip() or "another process"
-            self._fh.close()
-            raise FileExistsError(f"{run_dir} is in use by {holder}: wait for it to finish or pick another --run-name") from None
-        self._fh.seek(0)
-        self._fh.truncate()
-        self._fh.write(f"train.py pid {os.getpid()}")
-        self._fh.flush()
+            self._fh = self._take(run_dir)
+        except BaseException:
+            self._remove_created()
+            raise
         removed = clean_stale_temporaries(run_dir / "checkpoints")
         if removed:
             logger.info("removed %d temporary checkpoint folder(s) left by an interrupted run", removed)
 
+    @staticmethod
+    def _take(run_dir: Path):
+        linked = [name for name in RUN_FILES if (run_dir / name).is_symlink()]
+        if linked:
+            raise RunFolderError(f"{run_dir} holds symbolic links where train.py writes ({', '.join(linked)}): "
+                                 "refusing to write through them to their targets; remove them or pick another "
+                                 "--run-name")
+        path = run_dir / ".lock"
+        for _ in range(100):
+            try:
+                fh = open_nofollow(path, "a+")
+            except OSError as exc:
+                raise RunFolderError(f"cannot use {path} as the run's lock: {exc.strerror or exc}") from None
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                fh.seek(0)
+                holder = fh.read(200).strip() or "another process"
+                fh.close()
+                raise FileExistsError(f"{run_dir} is in use by {holder}: wait for it to finish or pick another "
+                                      "--run-name") from None
+            try:  # a failed start removes its lock file: make sure ours is still the one at the path
+                same = os.path.samestat(os.fstat(fh.fileno()), os.lstat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"train.py pid {os.getpid()}")
+                fh.flush()
+                return fh
+            fh.close()
+            run_dir.mkdir(parents=True, exist_ok=True)
+        raise FileExistsError(f"{run_dir}/.lock keeps being replaced: another process is starting and failing there")
+
+    def _remove_created(self) -> None:
+        for folder in reversed(self._created):  # deepest first; only empty ones go
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
     def release(self) -> None:
-        if not self._fh.closed:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
+        if self._fh.closed:
+            return
+        try:
+            if [p.name for p in self.run_dir.iterdir()] == [".lock"]:  # a start that wrote nothing: leave no trace
+                (self.run_dir / ".lock").unlink()
+                self.run_dir.rmdir()
+                self._created = [p for p in self._created if p != self.run_dir]
+                self._remove_created()
+        except OSError as exc:
+            logger.debug("leaving %s in place: %s", self.run_dir, exc)
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
+
+
+def _missing_parents(folder: Path) -> list[Path]:
+    """The folders that ``mkdir(parents=True)`` would create for ``folder``, outermost first."""
+    missing = []
+    for p in [folder, *folder.parents]:
+        if os.path.lexists(p):
+            break
+        missing.append(p)
+    return missing[::-1]
 
 
 def clean_stale_temporaries(root: str | os.PathLike) -> int:

@@ -9,8 +9,10 @@ import ast
 import dataclasses
 import difflib
 import inspect
-import json
+import os
 from typing import Any, TypeVar
+
+from agents.safeio import UnsafeFileError, load_yaml, loads_json, read_text
 
 T = TypeVar("T")
 
@@ -31,7 +33,7 @@ def parse_value(kind: str, text: str) -> Any:
     if text.lower() in ("none", "null") and "None" in kind:
         return None
     if kind.startswith("dict"):
-        return json.loads(text)
+        return loads_json(text, what="the value")
     base = kind.replace(" | None", "")
     casts = {"int": int, "float": float, "str": str}
     if " | " in base:  # a union such as ``float | str``: the first type that takes the text
@@ -81,7 +83,8 @@ def check_type(name: str, kind: str, value: Any) -> Any:
             return value
         if k.startswith("dict") and isinstance(value, dict):
             return value
-    raise ValueError(f"{flag} must be {' or '.join(kinds)}, got {value!r} ({type(value).__name__})")
+    shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
+    raise ValueError(f"{flag} must be {' or '.join(kinds)}, got {shown} ({type(value).__name__})")
 
 
 def replace_checked(base: T, values: dict[str, Any]) -> T:
@@ -94,3 +97,33 @@ def replace_checked(base: T, values: dict[str, Any]) -> T:
         raise ValueError(f"unknown config keys: {', '.join(hints)}")
     checked = {k: check_type(k, fields[k], v) for k, v in values.items()}
     return dataclasses.replace(base, **checked)  # type: ignore[type-var]
+
+
+#: A config file larger than this is refused (the repository's are ~1 KB).
+MAX_CONFIG_BYTES = 1 << 20
+#: Values a config file may expand to with its YAML aliases.
+MAX_CONFIG_VALUES = 10_000
+
+
+def load_config_file(path: str | os.PathLike, *, follow_links: bool = True) -> dict[str, Any]:
+    """A YAML config file as a mapping of settings (an empty file is ``{}``), or a ValueError
+    naming the file and the problem: not a regular file (a FIFO, a device), over 1 MB, not YAML,
+    nested too deeply, aliases expanding past 10,000 values, not a mapping, keys that are not
+    names. ``follow_links=False`` (a run folder's own ``config.yaml``) refuses a symbolic link."""
+    try:
+        text = read_text(path, max_bytes=MAX_CONFIG_BYTES, follow_links=follow_links)
+        loaded = load_yaml(text, what=str(path), max_values=MAX_CONFIG_VALUES)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such config file") from None
+    except UnsafeFileError as exc:
+        raise ValueError(f"config {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config {path} holds a {type(loaded).__name__}, not a mapping of settings (key: value lines)")
+    bad = [k for k in loaded if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"config {path} has keys that are not setting names: {', '.join(map(repr, bad[:5]))[:200]}")
+    return loaded

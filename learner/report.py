@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from agents.evaluate import wilson_interval
+from agents.safeio import loads_json, open_nofollow
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,12 @@ class MetricsLogger:
             kept = [r for r in read_metrics(self.path)
                     if r.get("iteration", 0) <= resume_iteration and not str(r.get("phase", "")).startswith("final")]
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            with open_nofollow(tmp, "w") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(tmp, self.path)
         elif resume_iteration is None and self.path.exists():
             self.path.unlink()
-        self._fh = self.path.open("a", encoding="utf-8")
+        self._fh = open_nofollow(self.path, "a")  # a planted link is refused, not written through
         self._tb = None
         if tensorboard:
             try:
@@ -68,8 +70,9 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All lines of a metrics.jsonl (a torn last line from a killed run is ignored). A missing
-    ``metrics.jsonl`` beside a ``metrics.jsonl.gz`` (an archived run) is read from the latter."""
+    """All lines of a metrics.jsonl (a torn last line from a killed run is ignored, and so is a
+    line that is not a JSON object or nests too deeply). A missing ``metrics.jsonl`` beside a
+    ``metrics.jsonl.gz`` (an archived run) is read from the latter."""
     import gzip
 
     path = Path(path)
@@ -79,9 +82,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
           else path.open(encoding="utf-8")) as fh:
         for line in fh:
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                row = loads_json(line, what=str(path))
+            except ValueError:
                 continue
+            if isinstance(row, dict):
+                out.append(row)
     return out
 
 
