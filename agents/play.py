@@ -25,11 +25,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="sample replies (default: greedy)")
     args = parser.parse_args(argv)
     from agents.interactive import ModelPlayer
+    from agents.view.runs import model_folder_problem
 
+    model = args.model or None
+    if model:  # a checkpoint is checked against its manifest, as the viewer checks it
+        folder, problem = model_folder_problem(model)
+        if problem:
+            print(f"error: cannot play {model}: {problem}", file=sys.stderr)
+            return 2
+        model = str(folder) if folder.is_dir() else model
     try:
-        player = ModelPlayer(args.model or None, args.env_id, greedy=not args.sample, temperature=args.temperature)
+        # Loading never runs a model folder's own code nor asks about it on stdin (the moves' channel).
+        player = ModelPlayer(model, args.env_id, greedy=not args.sample, temperature=args.temperature)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if type(exc).__name__ not in ("SafetensorError", "UnpicklingError"):
+            raise
+        print(f"error: the model at {model} cannot be loaded: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
         return 2
     return run_cli(args, player=player, auto=args.auto)
 

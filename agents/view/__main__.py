@@ -27,15 +27,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvicorn
 
-        from agents.view.app import create_app
+        from agents.view.app import LOOPBACK_HOSTS, create_app, is_loopback
     except ImportError as exc:
         print(f"error: the viewer needs the optional extra: pip install -e '.[view]' ({exc})", file=sys.stderr)
         return 2
     from agents.view.runs import ViewError
 
     try:
-        loopback = args.host in ("127.0.0.1", "localhost", "::1")
-        app = create_app(args.runs, args.play_dir, allowed_hosts=None if loopback else ["*"])
+        # Any loopback bind (127.0.0.2 too) keeps the Host check: a page elsewhere cannot read the
+        # runs through DNS rebinding. The Origin check of POSTs holds for every bind.
+        loopback = is_loopback(args.host)
+        hosts = [*LOOPBACK_HOSTS, args.host.strip("[]"), f"[{args.host.strip('[]')}]"] if loopback else ["*"]
+        app = create_app(args.runs, args.play_dir, allowed_hosts=hosts)
     except ViewError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

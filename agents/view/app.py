@@ -16,13 +16,22 @@ Pages (docs/view.md shows each):
 Every expected failure (a damaged run folder, unreadable records, an unknown task, a
 half-written checkpoint) is a :class:`~agents.view.runs.ViewError` shown as a message on the
 page; anything else is logged with its traceback and shown as a one-line error, never a trace.
-Everything is served from this machine: no page loads anything from elsewhere.
+Everything is served from this machine: no page loads anything from elsewhere, and the viewer
+itself never contacts the model hub (a run's config naming a hub id shows token ids instead).
+
+Run folders are untrusted input (docs/reliability.md, "The viewer"): only regular files inside
+the roots are read or served, every file is bounded in size and parsed with bounded depth, and
+one bad run folder is shown as a bad run without affecting the others. POSTs must carry the
+viewer's own ``Origin``; the Host check holds for every loopback bind; play options, replies and
+request bodies are bounded, and each play session has its own lock.
 """
 
 from __future__ import annotations
 
+import html
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -31,18 +40,25 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from agents.safeio import UnsafeFileError, inside, read_regular
 from agents.view import episodes as ep
-from agents.view.play import TINY, Sessions, save_folder
-from agents.view.runs import (RunInfo, ViewError, finite, find_runs, is_run_folder, load_run, newest_model_folder,
-                              safe_join)
+from agents.view.play import MAX_REPLY_CHARS, TINY, Sessions, check_play_options, save_folder
+from agents.view.runs import (MAX_BYTES, RunInfo, ViewError, finite, find_runs, is_run_folder, load_run,
+                              newest_model_folder, safe_join)
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
+#: The most runs one ``/compare`` or ``/api/metrics`` request reads (repeats count once).
+MAX_COMPARED = 32
+#: The largest POST body the viewer reads (its forms are a few hundred bytes).
+MAX_FORM_BYTES = 64 << 10
+#: The largest saved play GIF served.
+MAX_GIF_BYTES = 64 << 20
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -136,9 +152,11 @@ class Viewer:
                     run = load_run(self.root, parent)
                     model = newest_model_folder(run) or run.config.get("model")
                     break
+        if model is not None and not Path(str(model)).is_dir():
+            model = None  # a hub id in a run's config is never looked up: nothing leaves the machine
         if model is None and records:
             named = str(records[0].info.get("model", ""))
-            if named and Path(named).is_dir():
+            if named and "\x00" not in named and Path(named).is_dir():
                 model = named
         if model is None and records:
             try:
@@ -167,11 +185,11 @@ class Viewer:
         run = self.run(request.path_params["name"])
         if not run.has_curves:
             raise ViewError(f"{run.name} has no curves.png yet (train.py writes it when the run finishes)", status=404)
-        return FileResponse(run.path / "curves.png", media_type="image/png")
+        return Response(_served(run.path / "curves.png", MAX_BYTES["curves.png"], self.root), media_type="image/png")
 
     def compare(self, request: Request) -> Response:
         """``/compare?run=A&run=B``: several runs side by side."""
-        names = request.query_params.getlist("run")
+        names = _distinct_runs(request.query_params.getlist("run"))
         if not names:
             raise ViewError("tick at least one run on the runs page to compare")
         runs = [self.run(n) for n in names]
@@ -179,7 +197,7 @@ class Viewer:
 
     def metrics_api(self, request: Request) -> Response:
         """``/api/metrics?run=A``: the metric rows of runs as strict JSON (NaN -> null), for the plots."""
-        names = request.query_params.getlist("run")
+        names = _distinct_runs(request.query_params.getlist("run"))
         out = []
         for name in names:
             run = self.run(name)
@@ -234,8 +252,8 @@ class Viewer:
         n, k = _int_param(request, "n", 0), _int_param(request, "k", 0)
         if not 0 <= n < len(records):
             raise ViewError(f"there is no episode {n} here", status=404)
-        return Response(ep.png_bytes(ep.record_image(records[n], k), scale=_int_param(request, "scale", 4)),
-                        media_type="image/png")
+        scale = _int_param(request, "scale", 4)
+        return Response(ep.png_bytes(ep.record_image(records[n], k), scale=scale), media_type="image/png")
 
     def play_new(self, request: Request, error: str = "", form: dict[str, str] | None = None,
                  status: int = 200) -> Response:
@@ -269,6 +287,8 @@ class Viewer:
             except ValueError:
                 raise ViewError(f"the seed must be a whole number, not {seed_raw!r}") from None
             model = form.get("model_path", "").strip() or form.get("model", "").strip() or TINY
+            if "\x00" in model or len(model) > 4096:
+                raise ViewError("the model must be a folder path, tiny, or a checkpoint listed here")
             kwargs = _parse_kwargs(form.get("kwargs", ""))
             from starlette.concurrency import run_in_threadpool
 
@@ -300,17 +320,22 @@ class Viewer:
         form = await _form(request)
         action = form.get("action", "model")
 
+        reply = form.get("reply", "")
+        if action == "typed" and len(reply) > MAX_REPLY_CHARS:
+            return self.play_page(request, error=f"a typed reply is limited to {MAX_REPLY_CHARS:,} characters "
+                                                 f"(this one has {len(reply):,})", status=413)
+
         def work() -> None:
-            with session.lock:
+            with session.lock:  # this session's own: other sessions step meanwhile
                 if action == "model":
                     session.step_model()
                 elif action == "typed":
-                    session.step_typed(form.get("reply", ""))
+                    session.step_typed(reply)
                 elif action == "auto":
                     while not session.done:
                         session.step_model()
                 else:
-                    raise ViewError(f"unknown action {action!r}")
+                    raise ViewError(f"unknown action {str(action)[:40]!r}")
 
         try:
             await run_in_threadpool(work)
@@ -355,9 +380,28 @@ class Viewer:
         """``/saved/<folder>``: the GIF of a saved play episode."""
         folder = safe_join(self.play_dir, request.path_params["folder"])
         gif = folder / "episode.gif"
-        if not gif.is_file():
+        if not os.path.lexists(gif):
             raise ViewError("no GIF was saved for this episode", status=404)
-        return FileResponse(gif, media_type="image/gif")
+        return Response(_served(gif, MAX_GIF_BYTES, self.play_dir), media_type="image/gif")
+
+
+def _served(path: Path, max_bytes: int, root: Path) -> bytes:
+    """The bytes of a file a page shows: a regular file inside ``root`` (not a link, FIFO or
+    device) of at most ``max_bytes``, else a :class:`ViewError`."""
+    try:
+        return read_regular(path, max_bytes=max_bytes, root=root)
+    except FileNotFoundError:
+        raise ViewError(f"{path.name} is not there", status=404) from None
+    except (UnsafeFileError, OSError) as exc:
+        raise ViewError(f"{path.name} is not served: {exc}", status=403) from None
+
+
+def _distinct_runs(names: list[str]) -> list[str]:
+    """The runs a request names, each once (``run=A&run=A`` reads A once), at most :data:`MAX_COMPARED`."""
+    out = list(dict.fromkeys(n.strip("/") for n in names))
+    if len(out) > MAX_COMPARED:
+        raise ViewError(f"compare at most {MAX_COMPARED} runs at a time ({len(out)} were ticked)")
+    return out
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
@@ -371,19 +415,32 @@ def _int_param(request: Request, name: str, default: int) -> int:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """An ``application/x-www-form-urlencoded`` body as a dict (first value of each field)."""
-    body = (await request.body()).decode("utf-8", errors="replace")
+    """An ``application/x-www-form-urlencoded`` body as a dict (first value of each field); a
+    body over :data:`MAX_FORM_BYTES` is a 413 :class:`ViewError`, read no further."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        raise ViewError(f"the form is {int(declared):,} bytes; the viewer reads at most {MAX_FORM_BYTES:,}", status=413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_FORM_BYTES:
+            raise ViewError(f"the form is over {MAX_FORM_BYTES:,} bytes, the most the viewer reads", status=413)
+        chunks.append(chunk)
+    body = b"".join(chunks).decode("utf-8", errors="replace")
     return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
 
 
 def _parse_kwargs(text: str) -> dict[str, Any]:
-    """``size=8 is_slippery=true`` (spaces or commas between) -> task keyword arguments."""
+    """``size=8 is_slippery=true`` (spaces or commas between) -> task keyword arguments, bounded
+    (:func:`agents.view.play.check_play_options`)."""
     from envs.play import parse_kwargs
 
+    if len(text) > 1000:
+        raise ViewError(f"task options: at most 1,000 characters ({len(text):,} given)")
     pairs = [p for p in text.replace(",", " ").split() if p]
     try:
-        return parse_kwargs(pairs)
-    except ValueError as exc:
+        return check_play_options(parse_kwargs(pairs))
+    except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
         raise ViewError(f"task options: {exc}") from None
 
 
@@ -392,19 +449,36 @@ def _parse_kwargs(text: str) -> dict[str, Any]:
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``--host`` binds a loopback interface only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class SameOriginPosts:
-    """ASGI middleware: refuse a POST whose ``Origin`` is another site (a page elsewhere
-    submitting a form to this viewer); forms of the viewer's own pages pass."""
+    """ASGI middleware: a POST must carry an ``Origin`` naming this viewer's own address (the
+    Host it was asked as): a form from another site, a sandboxed iframe (``Origin: null``) or a
+    client that sends no Origin at all is refused with 403. Browsers send ``Origin`` with every
+    POST, so the viewer's own forms pass."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             origin, host = headers.get("origin"), headers.get("host", "")
-            if origin and origin != "null" and origin.split("://", 1)[-1] != host:
-                response = HTMLResponse(f"refused: a form from {origin} may not post to this viewer", status_code=403)
+            scheme, sep, rest = (origin or "").partition("://")
+            if not origin or not sep or scheme not in ("http", "https") or rest.rstrip("/") != host or not host:
+                shown = "a page that sent no Origin" if not origin else f"a form from {origin[:100]}"
+                response = HTMLResponse(f"refused: {html.escape(shown)} may not post to this viewer (open the "
+                                        "viewer's own page and use its form)", status_code=403)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -2,9 +2,12 @@
 turn (observation text and image, the reply's tokens with their behaviour log-probs, reward,
 validity and advantage).
 
-Records are read with :func:`agents.record.load_records` and kept in memory per folder until the
-file changes. Token text needs the tokenizer that sampled the ids; it is loaded from a model
-folder once and cached (ids are shown when none can be loaded).
+Records are read with :func:`agents.record.load_records` (a regular ``records.jsonl`` of at most
+:data:`MAX_RECORDS_BYTES`, images only from regular files inside the records folder, bounded in
+bytes and pixels) and kept in memory per folder until the file changes; a record whose fields
+have the wrong types is refused as a whole. Token text needs the tokenizer that sampled the ids;
+it is loaded from a local model folder once and cached (never from the hub, never running a
+folder's code; ids are shown when none can be loaded).
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ logger = logging.getLogger(__name__)
 
 #: How many records folders stay in memory (the oldest read is dropped first).
 RECORDS_CACHE_FOLDERS = 16
+#: The largest ``records.jsonl`` the viewer reads.
+MAX_RECORDS_BYTES = 512 << 20
+#: ``/image?scale=`` is a whole number in this range, and an enlarged image has at most
+#: :data:`MAX_SCALED_PIXELS` pixels.
+SCALE_RANGE = (1, 16)
+MAX_SCALED_PIXELS = 16 << 20
 _records_lock = threading.Lock()
 _records_cache: dict[Path, tuple[tuple[float, int], list[Trajectory]]] = {}
 _tokenizer_lock = threading.Lock()
@@ -35,11 +44,20 @@ _tokenizers: dict[str, Any] = {}
 def records_in(folder: Path) -> list[Trajectory]:
     """The records of ``folder/records.jsonl``, cached until the file changes; a missing or
     corrupt file raises :class:`ViewError` with what is wrong."""
+    import os
+    import stat
+
     path = folder / "records.jsonl"
     try:
-        st = path.stat()
+        st = os.lstat(path)
     except OSError:
         raise ViewError(f"no records.jsonl in {folder.name}: this evaluation has not been saved", status=404) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ViewError(f"the records.jsonl in {folder.name} is not a regular file (a link, FIFO or device): "
+                        "it is not read")
+    if st.st_size > MAX_RECORDS_BYTES:
+        raise ViewError(f"the records.jsonl in {folder.name} is {st.st_size:,} bytes, more than the "
+                        f"{MAX_RECORDS_BYTES:,} the viewer reads")
     key = (st.st_mtime, st.st_size)
     with _records_lock:
         hit = _records_cache.get(folder)
@@ -47,13 +65,32 @@ def records_in(folder: Path) -> list[Trajectory]:
             return hit[1]
     try:
         records = load_records(folder)
-    except (ValueError, KeyError, TypeError, OSError) as exc:
+        for rec in records:
+            _check_record(rec)
+    except (ValueError, KeyError, TypeError, OSError, RecursionError, OverflowError) as exc:
         raise ViewError(f"the records in {folder.name} cannot be read: {exc}") from exc
     with _records_lock:
         _records_cache[folder] = (key, records)
         while len(_records_cache) > RECORDS_CACHE_FOLDERS:
             _records_cache.pop(next(iter(_records_cache)))
     return records
+
+
+def _check_record(rec: Trajectory) -> None:
+    """ValueError unless a record's fields have the types the pages use (a hand-edited or
+    hostile record is refused as a whole instead of failing halfway through a page)."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) or isinstance(x, np.floating)
+
+    ok = (isinstance(rec.env_id, str) and isinstance(rec.info, dict) and number(rec.episode_return)
+          and number(rec.advantage) and isinstance(rec.turns, list) and isinstance(rec.samples, list)
+          and all(isinstance(t.observation, str) and isinstance(t.reply, str) and number(t.reward)
+                  and (t.image_index is None or isinstance(t.image_index, int)) for t in rec.turns)
+          and all(s.advantage is None or number(s.advantage) for s in rec.samples)
+          and isinstance(rec.info.get("typed_turns", []) or [], list))
+    if not ok:
+        raise ValueError(f"a record of {str(rec.env_id)[:60]!r} has fields of the wrong type")
+    rec.episode_return, rec.advantage = float(rec.episode_return), float(rec.advantage)
 
 
 @dataclass
@@ -105,7 +142,7 @@ def filter_episodes(records: Sequence[Trajectory], flt: EpisodeFilter) -> list[t
 # -- tokens ------------------------------------------------------------------------------------
 def load_tokenizer(folder: str | Path | None) -> Any | None:
     """The tokenizer saved in a model folder, cached; None (and a log line) if it cannot be loaded."""
-    if folder is None:
+    if folder is None or not Path(str(folder)).is_dir():  # a hub id is never looked up: nothing leaves the machine
         return None
     key = str(folder)
     with _tokenizer_lock:
@@ -114,7 +151,7 @@ def load_tokenizer(folder: str | Path | None) -> Any | None:
         try:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(key)
+            tok = AutoTokenizer.from_pretrained(key, local_files_only=True, trust_remote_code=False)
         except Exception as exc:  # any loading failure means: show ids instead of text
             logger.warning("no tokenizer from %s: %s", key, exc)
             tok = None
@@ -230,10 +267,17 @@ def turn_views(rec: Trajectory, tokenizer: Any | None) -> list[TurnView]:
 
 def png_bytes(image: np.ndarray, scale: int = 1) -> bytes:
     """An image array as PNG bytes, optionally enlarged by an integer factor (nearest neighbour,
-    so small boards stay sharp)."""
+    so small boards stay sharp); ``scale`` outside :data:`SCALE_RANGE`, or an enlarged image of
+    more than :data:`MAX_SCALED_PIXELS` pixels, is a :class:`ViewError`."""
     from PIL import Image
 
-    pil = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    lo, hi = SCALE_RANGE
+    if not lo <= scale <= hi:
+        raise ViewError(f"scale must be a whole number from {lo} to {hi}, not {scale}")
+    arr = np.asarray(image, dtype=np.uint8)
+    if arr.ndim < 2 or arr.shape[0] * arr.shape[1] * scale * scale > MAX_SCALED_PIXELS:
+        raise ViewError(f"an image of shape {arr.shape} enlarged {scale} times is too large to show")
+    pil = Image.fromarray(arr)
     if scale > 1:
         pil = pil.resize((pil.width * scale, pil.height * scale), Image.NEAREST)
     buf = io.BytesIO()

@@ -6,6 +6,12 @@ observation), so a human can take any turn and hand back to the model without it
 going out of sync. The saved record has one sample per turn (``window:0``): model turns carry
 the sampled ids and behaviour log-probs; a typed turn carries the tokenised reply with loss
 mask 0 (not sampled) and is listed in ``info["typed_turns"]``.
+
+Play is bounded: task options (:func:`check_play_options`), typed replies
+(:data:`MAX_REPLY_CHARS`), the size of the board a task draws and of its observation text, and
+the turns of one session (:data:`MAX_TURNS`). Every session has its own lock, and sessions on the
+same model share that model's lock for one model call at a time, so one session played to the
+end never holds up another.
 """
 
 from __future__ import annotations
@@ -22,12 +28,62 @@ from typing import Any
 import numpy as np
 
 from agents.record import Sample, Trajectory, Turn, save_records
-from agents.view.runs import CHECKPOINT_NAME, ViewError, check_checkpoint
+from agents.view.runs import ViewError, model_folder_problem
 from envs.play import wrap_reply
 
 logger = logging.getLogger(__name__)
 
 TINY = "tiny"  # the model choice that means the embedded tiny model of the task's modality
+#: The longest reply a user may type.
+MAX_REPLY_CHARS = 2000
+#: Task options: at most this many, each number within +-MAX_OPTION_NUMBER, a size-like option
+#: (``size``, ``*_size``, ``width``, ``height``, ...) at most MAX_OPTION_SIZE, strings and lists short.
+MAX_OPTIONS = 16
+MAX_OPTION_NUMBER = 1000
+MAX_OPTION_SIZE = 32
+_SIZE_KEYS = ("size", "width", "height", "dim", "rows", "cols", "num_boxes", "boxes")
+#: The largest board picture (pixels) and observation text (characters) a session accepts.
+MAX_FRAME_PIXELS = 4 << 20
+MAX_OBSERVATION_CHARS = 100_000
+#: The most turns one session plays.
+MAX_TURNS = 1000
+
+
+def check_play_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` if they are small enough to play in the viewer, else a ValueError saying which
+    is too large: a board of FrozenLake ``size=400`` costs ~360 MB a turn."""
+    if len(kwargs) > MAX_OPTIONS:
+        raise ValueError(f"at most {MAX_OPTIONS} options")
+
+    def check(key: str, value: Any, depth: int = 0) -> None:
+        if depth > 2:
+            raise ValueError(f"{key} nests too deeply")
+        if isinstance(value, bool) or value is None:
+            return
+        if isinstance(value, (int, float)):
+            sized = any(part in key.lower() for part in _SIZE_KEYS)
+            bound = MAX_OPTION_SIZE if sized else MAX_OPTION_NUMBER
+            if not abs(value) <= bound:
+                raise ValueError(f"{key}={value} is outside what the viewer plays (at most {bound} in size)")
+            return
+        if isinstance(value, str):
+            if len(value) > 200:
+                raise ValueError(f"{key} is longer than 200 characters")
+            return
+        if isinstance(value, (list, tuple, dict)):
+            items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+            if len(items) > MAX_OPTION_SIZE:
+                raise ValueError(f"{key} has more than {MAX_OPTION_SIZE} entries")
+            for k, v in items:
+                check(f"{key}[{k}]" if not isinstance(value, dict) else f"{key}.{k}", v, depth + 1)
+            return
+        raise ValueError(f"{key} has a value of type {type(value).__name__}")
+
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"{str(key)[:40]!r} is not an option name")
+        check(key, value)
+    return kwargs
 
 
 class PolicyCache:
@@ -39,8 +95,9 @@ class PolicyCache:
         self._items: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, model: str, env_id: str) -> tuple[Any, str]:
-        """The policy for ``model`` (a folder, or :data:`TINY`) and a label for pages and records."""
+    def get(self, model: str, env_id: str) -> tuple[Any, str, threading.Lock]:
+        """The policy for ``model`` (a folder, or :data:`TINY`), a label for pages and records, and
+        the lock its model calls take (one per loaded model)."""
         from agents.policy import Policy
         from envs.registry import task_spec
 
@@ -51,31 +108,28 @@ class PolicyCache:
             path = str(build_tiny_model(modality))
             label = f"embedded tiny {modality} model"
         else:
-            folder = Path(model).expanduser()
-            if not folder.exists():
+            if not Path(model).expanduser().exists():
                 raise ViewError(f"no model folder at {model}")
-            if CHECKPOINT_NAME.match(folder.name):  # a checkpoint folder: play its model
-                folder = folder / "model"
-            if folder.name == "model" and CHECKPOINT_NAME.match(folder.parent.name):
-                problem = check_checkpoint(folder.parent, hashes=True)
-                if problem:
-                    raise ViewError(f"cannot play {model}: {problem}")
+            folder, problem = model_folder_problem(model)  # a checkpoint folder: play its model, if intact
+            if problem:
+                raise ViewError(f"cannot play {model}: {problem}")
             if not (folder / "config.json").is_file():
                 raise ViewError(f"{model} is not a model folder (it has no config.json)")
             path, label = str(folder), str(folder)
         with self._lock:
             if path in self._items:
                 self._items.move_to_end(path)
-                return self._items[path], label
+                policy, lock = self._items[path]
+                return policy, label, lock
             try:
                 policy = Policy.from_pretrained(path)
             except Exception as exc:  # a damaged or foreign folder: say so, keep serving
                 logger.exception("loading %s failed", path)
                 raise ViewError(f"the model at {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
-            self._items[path] = policy
+            self._items[path] = (policy, threading.Lock())
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
-            return policy, label
+            return policy, label, self._items[path][1]
 
 
 @dataclass
@@ -101,18 +155,23 @@ class PlaySession:
     terminated: bool = False
     truncated: bool = False
     saved_to: Path | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)  # held while the session is stepped
+    lock: threading.Lock = field(default_factory=threading.Lock)  # this session's own, held while it is stepped
+    model_lock: threading.Lock = field(default_factory=threading.Lock)  # its model's: one model call at a time
 
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
 
     def _observe(self) -> None:
+        text = self.obs.get("text", "")
+        if len(text) > MAX_OBSERVATION_CHARS:
+            raise ViewError(f"{self.env_id} wrote an observation of {len(text):,} characters, more than the viewer "
+                            f"shows ({MAX_OBSERVATION_CHARS:,}): pick smaller task options")
         if "image" in self.obs:
-            self.images.append(np.array(self.obs["image"], dtype=np.uint8, copy=True))
+            self.images.append(_bounded(np.array(self.obs["image"], dtype=np.uint8, copy=True), self.env_id))
         frame = _frame(self.env)
         if frame is not None:
-            self.frames.append(frame)
+            self.frames.append(_bounded(frame, self.env_id))
 
     @property
     def current_image_index(self) -> int | None:
@@ -122,7 +181,8 @@ class PlaySession:
     def step_model(self) -> str:
         """The model replies to the current observation and the reply is played."""
         self._check_open()
-        proposal = self.player.propose(self.obs, self.env.unwrapped.state_text(), first=not self.turns)
+        with self.model_lock:
+            proposal = self.player.propose(self.obs, self.env.unwrapped.state_text(), first=not self.turns)
         gen = proposal.generation
         prompt = proposal.prompt_ids
         self.samples.append(Sample(prompt + list(gen.token_ids), [0] * len(prompt) + [1] * len(gen.token_ids),
@@ -135,9 +195,13 @@ class PlaySession:
         self._check_open()
         if not text.strip():
             raise ViewError("type a reply first (e.g. Right, or <answer>Down</answer>)")
+        if len(text) > MAX_REPLY_CHARS:
+            raise ViewError(f"a typed reply is limited to {MAX_REPLY_CHARS:,} characters (this one has {len(text):,})",
+                            status=413)
         reply = wrap_reply(text)
-        prompt, images = self.player.prompt(self.obs, self.env.unwrapped.state_text(), first=not self.turns)
-        ids = self.player.policy.encode_reply(reply)
+        with self.model_lock:  # the tokenizer is the model's: shared with other sessions on it
+            prompt, images = self.player.prompt(self.obs, self.env.unwrapped.state_text(), first=not self.turns)
+            ids = self.player.policy.encode_reply(reply)
         self.samples.append(Sample(prompt + ids, [0] * (len(prompt) + len(ids)), [0.0] * (len(prompt) + len(ids)),
                                    self._prompt_image_ids(images)))
         self.typed_turns.append(len(self.turns))
@@ -151,6 +215,8 @@ class PlaySession:
     def _check_open(self) -> None:
         if self.done:
             raise ViewError("this episode is over: save it or start a new one")
+        if len(self.turns) >= MAX_TURNS:
+            raise ViewError(f"this episode reached the viewer's limit of {MAX_TURNS} turns: save it or start a new one")
 
     def _apply(self, reply: str) -> None:
         obs, reward, terminated, truncated, info = self.env.step(reply)
@@ -195,6 +261,13 @@ class PlaySession:
         return folder, gif
 
 
+def _bounded(image: np.ndarray, env_id: str) -> np.ndarray:
+    if image.ndim < 2 or image.shape[0] * image.shape[1] > MAX_FRAME_PIXELS:
+        raise ViewError(f"{env_id} draws a picture of {'x'.join(map(str, image.shape[:2]))} pixels, more than the "
+                        f"viewer plays ({MAX_FRAME_PIXELS:,}): pick smaller task options")
+    return image
+
+
 def _frame(env: Any) -> np.ndarray | None:
     try:
         return np.asarray(env.unwrapped.render_image(), dtype=np.uint8)
@@ -209,8 +282,6 @@ class Sessions:
         self.limit = limit
         self._items: OrderedDict[str, PlaySession] = OrderedDict()
         self._lock = threading.Lock()
-        #: One model call at a time across sessions (they may share a policy; CPUs are few anyway).
-        self.model_lock = threading.Lock()
         self.policies = PolicyCache()
 
     def start(self, env_id: str, seed: int, model: str, *, greedy: bool = True,
@@ -224,8 +295,12 @@ class Sessions:
             task_spec(env_id)
         except UnknownTaskError as exc:
             raise ViewError(str(exc)) from None
-        policy, label = self.policies.get(model, env_id)
         kwargs = dict(env_kwargs or {})
+        try:
+            check_play_options(kwargs)
+        except ValueError as exc:
+            raise ViewError(f"task options: {exc}") from None
+        policy, label, model_lock = self.policies.get(model, env_id)
         try:
             env = envs.make(env_id, **kwargs)
             obs, info = env.reset(seed=int(seed))
@@ -234,8 +309,12 @@ class Sessions:
         player = ModelPlayer(label, env_id, policy=policy, greedy=greedy, max_new_tokens=max_new_tokens, seed=int(seed))
         player.reset(obs, info)
         session = PlaySession(secrets.token_hex(8), env_id, int(seed), label, env, player, kwargs, obs, info,
-                              lock=self.model_lock)
-        session._observe()
+                              model_lock=model_lock)
+        try:
+            session._observe()
+        except ViewError:
+            env.close()
+            raise
         with self._lock:
             self._items[session.id] = session
             while len(self._items) > self.limit:

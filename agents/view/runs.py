@@ -5,22 +5,32 @@ per line, ``kind`` = train / eval / warmup), ``summary.json`` / ``summary.txt`` 
 ``curves.png``, ``eval/<phase>/records.jsonl`` and ``checkpoints/iter_NNNNNN/`` (a ``model``
 folder and a ``manifest.json`` of every file's size and SHA-256, written last).
 
-Nothing here raises on a damaged folder: every problem becomes a message in
+Nothing here raises on a damaged or hostile folder: every problem becomes a message in
 :attr:`RunInfo.problems` (or a checkpoint's :attr:`CheckpointInfo.problem`) that a page shows.
+Every file is read as untrusted input (:mod:`agents.safeio`): only regular files inside the
+viewer's root, never through a symbolic link in the file's own name, each bounded in size
+(:data:`MAX_BYTES`) and parsed with a bound on depth (and, for YAML, on what aliases expand to).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.safeio import (UnsafeFileError, inside, load_yaml, loads_json, manifest_entries, read_text, sha256_regular,
+                           unlisted_files)
+
 logger = logging.getLogger(__name__)
+
+#: The most the viewer reads of each kind of file (larger ones are shown as a problem).
+MAX_BYTES = {"config.yaml": 1 << 20, "metrics.jsonl": 128 << 20, "summary.json": 16 << 20, "manifest.json": 16 << 20,
+             "curves.png": 32 << 20}
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json")
 CHECKPOINT_NAME = re.compile(r"^iter_(\d{6,})$")
@@ -51,7 +61,8 @@ def find_runs(root: Path, max_depth: int = 3) -> list[Path]:
     """Run folders under ``root`` (itself included), down to ``max_depth`` levels, sorted by path.
 
     Sweeps nest runs one level deeper (``runs/<sweep>/<setting>__s<seed>``), so a few levels are
-    searched; hidden folders and the inner folders of a run are skipped.
+    searched; hidden folders, the inner folders of a run and links to folders outside ``root``
+    are skipped.
     """
     found: list[Path] = []
 
@@ -61,7 +72,7 @@ def find_runs(root: Path, max_depth: int = 3) -> list[Path]:
         if depth >= max_depth:
             return
         try:
-            children = sorted(p for p in folder.iterdir() if p.is_dir())
+            children = sorted(p for p in folder.iterdir() if p.is_dir() and (not p.is_symlink() or inside(p, root)))
         except OSError as exc:
             logger.warning("cannot list %s: %s", folder, exc)
             return
@@ -85,17 +96,19 @@ def finite(value: Any) -> Any:
     return value
 
 
-def read_metrics_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+def read_metrics_lines(path: Path, root: Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The metric rows of a ``metrics.jsonl`` and a message for every line that could not be read.
 
-    A corrupt line is skipped and named (line number and what is wrong); a torn last line is
-    reported as what it usually is, a run killed or still writing.
+    A corrupt line (not JSON, not an object, nested too deeply) is skipped and named (line
+    number and what is wrong); a torn last line is reported as what it usually is, a run killed
+    or still writing. A file that is a link, not a regular file, outside ``root`` or too large
+    gives no rows and one message.
     """
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
+        text = read_text(path, max_bytes=MAX_BYTES["metrics.jsonl"], root=root)
+    except (OSError, UnsafeFileError) as exc:
         return [], [f"{path.name} cannot be read: {exc}"]
     lines = text.split("\n")
     last = len(lines) - (1 if lines and lines[-1] == "" else 0)
@@ -103,14 +116,13 @@ def read_metrics_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == last and not text.endswith("\n"):
+            row = loads_json(line, what=f"{path.name} line {lineno}")
+        except UnsafeFileError as exc:
+            if lineno == last and not text.endswith("\n") and "not valid JSON" in str(exc):
                 problems.append(f"{path.name} line {lineno} is incomplete (a run still writing, or killed mid-line) "
                                 f"and was skipped")
             else:
-                problems.append(f"{path.name} line {lineno} is not valid JSON and was skipped ({exc.msg} at "
-                                f"column {exc.colno}): {_clip(line)}")
+                problems.append(f"{exc} and was skipped: {_clip(line)}")
             continue
         if not isinstance(row, dict):
             problems.append(f"{path.name} line {lineno} is not a JSON object and was skipped: {_clip(line)}")
@@ -142,49 +154,69 @@ class CheckpointInfo:
         return not self.problem
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def check_checkpoint(path: Path, *, hashes: bool = False) -> str:
+def check_checkpoint(path: Path, *, hashes: bool = False, root: Path | None = None) -> str:
     """What is wrong with a checkpoint folder against its ``manifest.json`` ('' if nothing).
 
-    Sizes are always compared; ``hashes`` also recomputes every file's SHA-256 (what loading a
-    checkpoint to play does).
+    The manifest must be well formed and list at least one file; every listed file must be a
+    regular file (not a link) inside the checkpoint, of the listed size, and the folder may
+    hold no file the manifest does not list. ``hashes`` also recomputes every file's SHA-256
+    (what loading a checkpoint to play does). With ``root``, the checkpoint must lie inside it.
     """
     if not path.is_dir():
         return f"{path} does not exist or is not a folder"
+    if root is not None and not inside(path, root):
+        return f"{path.name} lies outside {root}: it is not read"
     manifest_path = path / "manifest.json"
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):
         return (f"incomplete checkpoint: {path.name} has no manifest.json, which is written last "
                 "(a run killed while saving it?)")
     try:
-        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
-        entries = [(rel, int(meta["size"]), str(meta["sha256"])) for rel, meta in files.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        text = read_text(manifest_path, max_bytes=MAX_BYTES["manifest.json"], root=path)
+        entries = manifest_entries(loads_json(text, what=f"{path.name}/manifest.json"), f"{path.name}/manifest.json")
+    except (OSError, UnsafeFileError) as exc:
         return f"corrupt checkpoint: {path.name}/manifest.json cannot be read ({exc})"
+    extra = unlisted_files(path, {rel for rel, _, _ in entries})
+    if extra:
+        return (f"modified checkpoint: {path.name} holds files its manifest does not list "
+                f"({', '.join(_clip(e, 60) for e in extra[:5])})")
     for rel, size, sha in entries:
         p = path / rel
-        if not p.is_file():
+        try:
+            st = os.lstat(p)
+        except OSError:
             return f"incomplete checkpoint: {path.name} is missing {rel}"
-        actual = p.stat().st_size
-        if actual != size:
-            return (f"incomplete or damaged checkpoint: {path.name}/{rel} is {actual:,} bytes, its manifest says "
+        if not stat.S_ISREG(st.st_mode) or not inside(p.parent, path):
+            return f"damaged checkpoint: {path.name}/{rel} is not a regular file inside the checkpoint (a link?)"
+        if st.st_size != size:
+            return (f"incomplete or damaged checkpoint: {path.name}/{rel} is {st.st_size:,} bytes, its manifest says "
                     f"{size:,} (half-written?)")
-        if hashes and _sha256(p) != sha:
-            return f"damaged checkpoint: {path.name}/{rel} does not match its checksum (corrupt or modified)"
+        if hashes:
+            try:
+                actual = sha256_regular(p, root=path)[0]
+            except (OSError, UnsafeFileError) as exc:
+                return f"damaged checkpoint: {path.name}/{rel} cannot be read ({exc})"
+            if actual != sha:
+                return f"damaged checkpoint: {path.name}/{rel} does not match its checksum (corrupt or modified)"
     return ""
 
 
-def list_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
+def model_folder_problem(model: str | Path) -> tuple[Path, str]:
+    """The model folder to load for ``model`` (a checkpoint folder ``iter_N`` means its
+    ``model/``) and what is wrong with the checkpoint it belongs to ('' if nothing, or if it is
+    no checkpoint's): checked against the manifest with every hash, as loading to play does."""
+    folder = Path(model).expanduser()
+    if CHECKPOINT_NAME.match(folder.name):
+        folder = folder / "model"
+    if folder.name == "model" and CHECKPOINT_NAME.match(folder.parent.name):
+        return folder, check_checkpoint(folder.parent, hashes=True)
+    return folder, ""
+
+
+def list_checkpoints(run_dir: Path, viewer_root: Path | None = None) -> list[CheckpointInfo]:
     """Every checkpoint of a run (oldest first), each with what is wrong with it; a temporary
     folder a writer left behind is listed as half-written."""
     root = run_dir / "checkpoints"
-    if not root.is_dir():
+    if not root.is_dir() or (viewer_root is not None and not inside(root, viewer_root)):
         return []
     out: list[CheckpointInfo] = []
     for p in sorted(root.iterdir()):
@@ -192,7 +224,7 @@ def list_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
             continue
         m = CHECKPOINT_NAME.match(p.name)
         if m:
-            out.append(CheckpointInfo(p.name, p, int(m.group(1)), check_checkpoint(p)))
+            out.append(CheckpointInfo(p.name, p, int(m.group(1)), check_checkpoint(p, root=viewer_root)))
         elif p.name.startswith((".tmp-", ".old-")):
             out.append(CheckpointInfo(p.name, p, None, "half-written checkpoint: a temporary folder of a save that was "
                                                          "interrupted or is still running; it is never loaded"))
@@ -226,7 +258,11 @@ class RunInfo:
 
     @property
     def has_curves(self) -> bool:
-        return (self.path / "curves.png").is_file()
+        """Whether the run has a ``curves.png`` the viewer serves (a regular file, not a link)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path / "curves.png").st_mode)
+        except OSError:
+            return False
 
     @property
     def finished(self) -> bool:
@@ -265,52 +301,90 @@ class RunInfo:
 
 
 def load_run(root: Path, path: Path) -> RunInfo:
-    """Read a run folder; every unreadable part becomes a message in ``problems``."""
-    import yaml
-
-    name = path.relative_to(root).as_posix() if path != root else path.name
+    """Read a run folder; every unreadable part becomes a message in ``problems`` (never an
+    exception: one bad run folder is shown as a bad run, the others are unaffected)."""
+    try:
+        name = path.relative_to(root).as_posix() if path != root else path.name
+    except ValueError:
+        name = path.name
     info = RunInfo(name=name, path=path)
-    cfg_path = path / "config.yaml"
-    if cfg_path.is_file():
+    for part in (_read_config, _read_metrics, _read_summary, _read_checkpoints, _read_phases):
         try:
-            info.config_text = cfg_path.read_text(encoding="utf-8", errors="replace")
-            loaded = yaml.safe_load(info.config_text)
-            if isinstance(loaded, dict):
-                info.config = loaded
-            else:
-                info.problems.append("config.yaml does not hold a mapping of settings")
-        except (OSError, yaml.YAMLError) as exc:
-            info.problems.append(f"config.yaml cannot be read: {exc}")
-    else:
-        info.problems.append("no config.yaml in this run folder")
-    metrics_path = path / "metrics.jsonl"
-    if metrics_path.is_file():
-        info.metrics, info.metrics_problems = read_metrics_lines(metrics_path)
-        info.problems += info.metrics_problems
-    summary_path = path / "summary.json"
-    if summary_path.is_file():
-        try:
-            loaded = json.loads(summary_path.read_text(encoding="utf-8"))
-            if not isinstance(loaded, dict):
-                raise ValueError("not a JSON object")
-            info.summary = loaded
-            info.summary_text = str(loaded.get("text", "")).strip("\n")
-        except (OSError, ValueError) as exc:
-            info.problems.append(f"summary.json cannot be read ({exc}); the verdict is not shown")
-    info.checkpoints = list_checkpoints(path)
-    for ck in info.checkpoints:
-        if ck.problem:
-            info.problems.append(f"checkpoint {ck.name}: {ck.problem}")
-    eval_dir = path / "eval"
-    if eval_dir.is_dir():
-        info.phases = sorted(p.name for p in eval_dir.iterdir() if (p / "records.jsonl").is_file())
+            part(root, info)
+        except Exception as exc:  # a part that fails in an unforeseen way: shown, the rest still read
+            logger.warning("reading %s: %s", path, exc, exc_info=True)
+            info.problems.append(f"part of this run folder cannot be read ({type(exc).__name__}: {_clip(str(exc))})")
     return info
 
 
+def _read_config(root: Path, info: RunInfo) -> None:
+    cfg_path = info.path / "config.yaml"
+    if not os.path.lexists(cfg_path):
+        info.problems.append("no config.yaml in this run folder")
+        return
+    try:
+        info.config_text = read_text(cfg_path, max_bytes=MAX_BYTES["config.yaml"], root=root)
+        loaded = load_yaml(info.config_text, what="config.yaml")
+    except (OSError, UnsafeFileError) as exc:
+        info.config_text = ""
+        info.problems.append(f"config.yaml cannot be read: {exc}")
+        return
+    if isinstance(loaded, dict):
+        info.config = {str(k): v for k, v in loaded.items()}
+    else:
+        info.problems.append("config.yaml does not hold a mapping of settings")
+
+
+def _read_metrics(root: Path, info: RunInfo) -> None:
+    metrics_path = info.path / "metrics.jsonl"
+    if os.path.lexists(metrics_path):
+        info.metrics, info.metrics_problems = read_metrics_lines(metrics_path, root)
+        info.problems += info.metrics_problems
+
+
+def _read_summary(root: Path, info: RunInfo) -> None:
+    summary_path = info.path / "summary.json"
+    if not os.path.lexists(summary_path):
+        return
+    try:
+        loaded = loads_json(read_text(summary_path, max_bytes=MAX_BYTES["summary.json"], root=root),
+                            what="summary.json")
+        if not isinstance(loaded, dict):
+            raise UnsafeFileError("summary.json is not a JSON object")
+    except (OSError, UnsafeFileError) as exc:
+        info.problems.append(f"summary.json cannot be read ({exc}); the verdict is not shown")
+        return
+    info.summary = loaded
+    info.summary_text = str(loaded.get("text", "")).strip("\n")
+    kinds = {"verdict": str, "text": str, "evals": dict, "iterations": int, "episodes": int}
+    odd = [k for k, kind in kinds.items() if k in loaded and not isinstance(loaded[k], kind)]
+    if odd:
+        info.problems.append(f"summary.json has values of unexpected types ({', '.join(odd)}); they are shown as found")
+
+
+def _read_checkpoints(root: Path, info: RunInfo) -> None:
+    info.checkpoints = list_checkpoints(info.path, root)
+    for ck in info.checkpoints:
+        if ck.problem:
+            info.problems.append(f"checkpoint {ck.name}: {ck.problem}")
+
+
+def _read_phases(root: Path, info: RunInfo) -> None:
+    eval_dir = info.path / "eval"
+    if eval_dir.is_dir() and inside(eval_dir, root):
+        info.phases = sorted(p.name for p in eval_dir.iterdir() if (p / "records.jsonl").is_file())
+
+
 def safe_join(root: Path, rel: str) -> Path:
-    """``root / rel`` resolved, refusing anything that leaves ``root`` (``..``, absolute paths, links out)."""
+    """``root / rel`` resolved, refusing anything that leaves ``root`` (``..``, absolute paths,
+    links out) or that is no path at all (a NUL byte)."""
     rel = rel.strip("/")
-    target = (root / rel).resolve() if rel else root.resolve()
+    if "\x00" in rel or len(rel) > 4096:
+        raise ViewError(f"{_clip(rel)!r} is not a path", status=404)
+    try:
+        target = (root / rel).resolve() if rel else root.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a link loop, a name too long
+        raise ViewError(f"{_clip(rel)!r} cannot be opened ({exc})", status=404) from None
     base = root.resolve()
     if target != base and base not in target.parents:
         raise ViewError(f"{rel!r} is outside the folder this viewer serves", status=404)
