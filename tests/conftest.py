@@ -136,14 +136,16 @@ def damage_run(src: Path, dst: Path) -> Path:
 class ViewServer:
     """``python -m agents.view ROOT`` in a subprocess on a free loopback port, the real CLI."""
 
-    def __init__(self, root: Path, *extra: str) -> None:
+    def __init__(self, root: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str | None] | None = None) -> None:
         import socket
 
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [str(root), "--port", str(self.port), "--threads", "1", *extra]
+        self.url = f"http://{host}:{self.port}"
+        self.args = [str(root), "--port", str(self.port), "--threads", "1", *(["--host", host] if host != "127.0.0.1" else []),
+                     *extra]
+        self.env = env  # changes to the environment the viewer runs in (None: unset that variable)
         self.proc = None
         self.log = root.parent / f"view-{self.port}.log"
 
@@ -154,9 +156,17 @@ class ViewServer:
 
         import httpx
 
+        import os
+
+        env = dict(os.environ)
+        for key, value in (self.env or {}).items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         self._fh = self.log.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "agents.view", *self.args], cwd=REPO,
-                                     stdout=self._fh, stderr=subprocess.STDOUT)
+                                     stdout=self._fh, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

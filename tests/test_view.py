@@ -249,7 +249,7 @@ def test_bad_input_is_a_message_on_the_page(server: ViewServer) -> None:
         ({"env_id": TEXT, "seed": "0", "model_path": "/no/such/model"}, "no model folder at /no/such/model"),
         ({"env_id": TEXT, "seed": "0", "kwargs": "size"}, "task options: --kw expects key=value"),
     ]:
-        r = httpx.post(server.url + "/play", data=form, timeout=120)
+        r = httpx.post(server.url + "/play", data=form, headers={"Origin": server.url}, timeout=120)  # as a browser
         assert r.status_code in (400, 404) and message in r.text and "Traceback" not in r.text, (form, r.text[:300])
     assert "not open any more" in _get(server, "/play/0000", 404)
 
@@ -259,7 +259,7 @@ def server_root(server: ViewServer) -> Path:
 
 
 def test_play_over_http_steps_types_and_saves(server: ViewServer, runs: Path) -> None:
-    with httpx.Client(base_url=server.url, timeout=120, follow_redirects=True) as client:
+    with httpx.Client(base_url=server.url, timeout=120, follow_redirects=True, headers={"Origin": server.url}) as client:
         r = client.post("/play", data={"env_id": TEXT, "seed": "0", "model": "tiny"})
         assert r.status_code == 200 and "/play/" in str(r.url)
         sid = str(r.url).rstrip("/").split("/")[-1]

@@ -1,0 +1,302 @@
+"""Run folders, checkpoints and config files as hostile input (issue 47, items 4 and 8), each
+test written as the repro: a real symbolic link, a real tiny run with a damaged checkpoint or
+metrics file, real model folders with corrupt weights or their own code, the real CLIs.
+
+- the run lock never follows a symbolic link, and a link where train.py writes refuses the start;
+- a start that fails leaves no run folder behind;
+- malformed manifests, corrupt weights, a non-object metrics line on resume and YAML configs
+  that are scalars, too deep or alias bombs are clear errors: exit 2, the file and the problem;
+- an empty manifest vouches for nothing, and neither does one a file was added beside;
+- loading never runs a model folder's code nor asks about it on stdin; ``agents.play`` refuses a
+  tampered checkpoint as the viewer does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VIEW_TINY, make_tiny_run
+from learner.checkpoint import CheckpointError, RunFolderError, RunLock, list_checkpoints, verify_checkpoint
+
+TEXT = "freshper/FrozenLake-v0"
+ALIAS_BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)) + "lr: *h\n"
+#: train.py flags of a tiny run (what the viewer's fixtures train), for starts that get far.
+TINY_FLAGS = ["--iterations", "1", *[a for k, v in VIEW_TINY.items() if k not in ("progress", "tensorboard")
+                                     for a in (f"--{k.replace('_', '-')}", str(v))], "--no-progress", "--no-tensorboard"]
+
+
+def _train(*argv: str, capsys) -> tuple[int, str]:
+    import train
+
+    capsys.readouterr()
+    code = train.main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_run(tmp_path_factory.mktemp("hardening"), "run")
+
+
+def _copy_run(tiny_run: Path, dst: Path) -> tuple[Path, Path]:
+    run = Path(shutil.copytree(tiny_run, dst, symlinks=True))
+    return run, list_checkpoints(run / "checkpoints")[-1]
+
+
+# -- item 4: the run lock and links where train.py writes --------------------------------------------
+def test_a_symlinked_lock_is_refused_and_its_target_never_truncated(tmp_path: Path, capsys) -> None:
+    """A `runs/X/.lock` link used to be opened "a+" and truncated: train.py overwrote its target."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / ".lock").symlink_to(precious)
+    with pytest.raises(RunFolderError, match="symbolic link"):
+        RunLock(run)
+    code, err = _train("--runs-root", str(tmp_path / "runs"), "--run-name", "x", *TINY_FLAGS, capsys=capsys)
+    assert code == 2 and ".lock" in err and "symbolic link" in err and "Traceback" not in err
+    assert precious.read_text() == "keep me"
+    dangling = tmp_path / "runs" / "y"
+    dangling.mkdir()
+    (dangling / ".lock").symlink_to(tmp_path / "created-through-the-link")
+    with pytest.raises(RunFolderError):
+        RunLock(dangling)
+    assert not (tmp_path / "created-through-the-link").exists()
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "metrics.jsonl", "summary.json", "environment.json", "curves.png"])
+def test_a_link_where_train_writes_refuses_the_start(tmp_path: Path, name: str) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / name).symlink_to(precious)
+    with pytest.raises(RunFolderError, match=name.replace(".", r"\.")):
+        RunLock(run)
+    assert precious.read_text() == "keep me" and not (run / ".lock").exists()
+
+
+def test_the_metrics_file_is_never_written_through_a_link(tmp_path: Path) -> None:
+    from learner.report import MetricsLogger
+
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    for resume in (None, 0):  # a new run deletes the file, a resume rewrites it: the link goes, not its target
+        (tmp_path / "metrics.jsonl").symlink_to(precious)
+        logger = MetricsLogger(tmp_path, tensorboard=False, resume_iteration=resume)
+        logger.log({"kind": "train", "iteration": 1})
+        logger.close()
+        assert precious.read_text() == "keep me" and not (tmp_path / "metrics.jsonl").is_symlink()
+        (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.tmp").symlink_to(precious)  # the resume's temporary file
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "iteration": 1}\n')
+    with pytest.raises(OSError, match="symbolic link"):
+        MetricsLogger(tmp_path, tensorboard=False, resume_iteration=1)
+    assert precious.read_text() == "keep me"
+
+
+def test_a_released_lock_of_an_empty_start_leaves_nothing_and_can_be_taken_again(tmp_path: Path) -> None:
+    run = tmp_path / "a" / "b" / "run"
+    lock = RunLock(run)
+    assert [p.name for p in run.iterdir()] == [".lock"]
+    lock.release()
+    assert not (tmp_path / "a").exists()  # the folders the lock made went with it
+    again = RunLock(run)
+    (run / "config.yaml").write_text("x: 1\n")
+    again.release()
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]  # a start that wrote stays
+
+
+# -- item 8: clear errors for corrupt weights, and a failed start leaves no folder ----------------
+@pytest.mark.parametrize("damage", ["safetensors", "pickle", "config.json"])
+def test_corrupt_weights_are_a_clear_error_and_the_failed_start_leaves_no_run_folder(tmp_path: Path, damage: str,
+                                                                                     capsys) -> None:
+    from agents.tiny import build_tiny_model
+
+    model = Path(shutil.copytree(build_tiny_model("text"), tmp_path / "model"))
+    if damage == "safetensors":
+        data = bytearray((model / "model.safetensors").read_bytes())
+        data[:8] = b"\xff" * 8  # a header length no file has
+        (model / "model.safetensors").write_bytes(bytes(data))
+    elif damage == "pickle":
+        (model / "model.safetensors").unlink()
+        (model / "pytorch_model.bin").write_bytes(b"not a pickle at all")
+    else:
+        (model / "config.json").write_text('{"model_type": ')
+    runs = tmp_path / "runs"
+    code, err = _train("--model", str(model), "--runs-root", str(runs), "--run-name", "x", *TINY_FLAGS,
+                       capsys=capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert str(model) in err and "cannot be loaded" in err and len(err) < 2000
+    assert not runs.exists()  # not even a run folder holding only .lock
+
+
+# -- item 8: malformed checkpoints and metrics on resume ---------------------------------------------
+def _hex(c: str) -> str:
+    return c * 64
+
+
+MANIFESTS = {
+    "not JSON": "{oops",
+    "a list": "[]",
+    "files a list": '{"iteration": 1, "files": []}',
+    "files empty": '{"iteration": 1, "files": {}}',
+    "size 1e400": None,  # the real manifest with one size replaced (below)
+    "size a string": None,
+    "no iteration": None,
+    "a path outside": '{"iteration": 1, "files": {"../../config.yaml": {"size": 1, "sha256": "' + _hex("a") + '"}}}',
+    "nested deeply": '{"a": ' * 50_000 + "1" + "}" * 50_000,
+    "entry not an object": '{"iteration": 1, "files": {"config.yaml": 5}}',
+}
+
+
+@pytest.mark.parametrize("case", list(MANIFESTS))
+def test_a_malformed_manifest_on_resume_is_a_clear_error_before_anything_is_written(tiny_run: Path, tmp_path: Path,
+                                                                                    case: str, capsys) -> None:
+    run, ck = _copy_run(tiny_run, tmp_path / "run")
+    real = json.loads((ck / "manifest.json").read_text())
+    first = next(iter(real["files"]))
+    if case == "size 1e400":
+        text = json.dumps(real).replace(f'"size": {real["files"][first]["size"]}', '"size": 1e400', 1)
+    elif case == "size a string":
+        real["files"][first]["size"] = "12"
+        text = json.dumps(real)
+    elif case == "no iteration":
+        del real["iteration"]
+        text = json.dumps(real)
+    else:
+        text = MANIFESTS[case]
+    (ck / "manifest.json").write_text(text)
+    before = _snapshot(run)
+    code, err = _train("--resume", str(ck), capsys=capsys)
+    assert code == 2 and "Traceback" not in err and "manifest.json" in err and len(err) < 2000, err[-2000:]
+    assert _snapshot(run) == before
+
+
+def test_an_empty_manifest_or_an_unlisted_file_vouches_for_nothing(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    from agents.view.runs import check_checkpoint
+
+    run, ck = _copy_run(tiny_run, tmp_path / "run")
+    verify_checkpoint(ck)
+    (ck / "model" / "pytorch_model.bin").write_bytes(b"a pickle transformers would load beside the safetensors")
+    for check in (lambda: verify_checkpoint(ck), lambda: _raise(check_checkpoint(ck, hashes=True))):
+        with pytest.raises((CheckpointError, AssertionError), match="does not list"):
+            check()
+    code, err = _train("--resume", str(ck), capsys=capsys)
+    assert code == 2 and "pytorch_model.bin" in err
+    (ck / "model" / "pytorch_model.bin").unlink()
+    (ck / "manifest.json").write_text('{"iteration": 1, "files": {}}')
+    with pytest.raises(CheckpointError, match="lists no files"):
+        verify_checkpoint(ck)
+    assert "lists no files" in check_checkpoint(ck)
+    bare = tmp_path / "bare" / "iter_000001"
+    bare.mkdir(parents=True)
+    (bare / "manifest.json").write_text('{"iteration": 1, "files": {}}')
+    with pytest.raises(CheckpointError, match="lists no files"):  # it used to verify vacuously
+        verify_checkpoint(bare)
+
+
+def _raise(problem: str) -> None:
+    assert not problem, problem
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '"text"', "3", "[" * 5000 + "]" * 5000, '{"kind": "train",,}'])
+def test_an_unreadable_metrics_line_stops_a_resume_with_a_clear_error(tiny_run: Path, tmp_path: Path, line: str,
+                                                                      capsys) -> None:
+    """A non-object line in metrics.jsonl made a resume end in AttributeError (a resume rewrites
+    the file from its lines, so a damaged one must not be dropped silently either)."""
+    run, ck = _copy_run(tiny_run, tmp_path / "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines.insert(1, line)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    before = _snapshot(run)
+    code, err = _train("--resume", str(ck), capsys=capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert "metrics.jsonl line 2" in err and len(err) < 2000
+    assert _snapshot(run) == before
+
+
+def test_a_torn_last_metrics_line_is_still_resumable(tiny_run: Path, tmp_path: Path) -> None:
+    from learner.checkpoint import verify_resume
+
+    run, ck = _copy_run(tiny_run, tmp_path / "run")
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write('{"kind": "tra')
+    assert verify_resume(ck)["iteration"] >= 1
+
+
+# -- item 8: config files -----------------------------------------------------------------------------
+@pytest.mark.parametrize("text, problem", [
+    (ALIAS_BOMB, "expands to more than"), ("5\n", "holds a int, not a mapping"), ("- a\n- b\n", "holds a list"),
+    ("a: " + "[" * 5000 + "]" * 5000, "nests deeper than"), ("a: &a [*a]\n", "refers to itself"),
+    ("{1: 2}\n", "not setting names"), ("lr: 0.1\n\x00", "not valid YAML"),
+])
+def test_bad_config_files_are_a_short_clear_error_from_the_real_cli(tmp_path: Path, text: str, problem: str) -> None:
+    """A 324-byte alias config made train.py print a 312 MB error; a scalar or deep config a traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    out = subprocess.run([sys.executable, "train.py", "--config", str(path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert str(path) in out.stderr and problem in out.stderr and len(out.stderr) < 1000
+
+
+def test_a_resumed_runs_own_config_is_read_as_safely(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    run, ck = _copy_run(tiny_run, tmp_path / "run")
+    (ck / "config.yaml").write_text(ALIAS_BOMB)
+    code, err = _train("--resume", str(ck), capsys=capsys)
+    assert code == 2 and "expands to more than" in err and len(err) < 1000
+    (ck / "config.yaml").unlink()
+    (ck / "config.yaml").symlink_to(run / "config.yaml")
+    code, err = _train("--resume", str(ck), capsys=capsys)
+    assert code == 2 and "symbolic link" in err
+
+
+# -- item 8: remote code, stdin, tampered checkpoints in agents.play -----------------------------------
+def test_loading_never_runs_a_model_folders_code_nor_asks_on_stdin(tmp_path: Path) -> None:
+    """transformers' [y/N] prompt read the stdin agents.play takes moves from: a first line of
+    `1` ran the folder's Python."""
+    from agents.tiny import build_tiny_model
+
+    model = Path(shutil.copytree(build_tiny_model("text"), tmp_path / "model"))
+    marker = tmp_path / "the-folder's-code-ran"
+    (model / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+                                   "from transformers import PretrainedConfig\n"
+                                   "class EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="evil", auto_map={"AutoConfig": "evil.EvilConfig"})
+    (model / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    out = subprocess.run([sys.executable, "-m", "agents.play", TEXT, "--model", str(model)], cwd=REPO, input="1\n" * 5,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert not marker.exists()
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "custom code" in out.stderr, out.stderr[-2000:]
+    assert "Do you wish to run the custom code" not in out.stdout + out.stderr
+
+
+def test_agents_play_refuses_a_tampered_checkpoint_as_the_viewer_does(tiny_run: Path, tmp_path: Path) -> None:
+    from agents.view.runs import check_checkpoint
+
+    run, ck = _copy_run(tiny_run, tmp_path / "run")
+    weights = ck / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the hash sees it
+    weights.write_bytes(bytes(data))
+    assert "does not match its checksum" in check_checkpoint(ck, hashes=True)
+    for model in (ck, ck / "model"):
+        out = subprocess.run([sys.executable, "-m", "agents.play", TEXT, "--model", str(model), "--auto"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        assert out.returncode == 2 and "does not match its checksum" in out.stderr, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr
