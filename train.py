@@ -96,6 +96,7 @@ from learner.cli import dataclass_parser, load_config_file, replace_checked  # n
 from learner.loss import LossConfig  # noqa: E402
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize, task_turn_diagnostics  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE, MAX_RUN_SEED, VALID_SEED_BASE, train_seed  # noqa: E402
+from learner import distributed  # noqa: E402
 from learner.state import ReplaySettings, TrainerState  # noqa: E402
 
 logger = logging.getLogger("train")
@@ -127,6 +128,18 @@ class Config:
     """seed of the start model alone (the embedded model's initialisation and its pretraining); default: --seed. Runs of several --seed values with one --start-seed share one start (built and cached once), so their spread is RL's alone, not the pretraining's"""
     device: str = "cpu"
     """torch device of the policy, its pretraining and its updates: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)"""
+    dtype: str = "auto"
+    """compute precision of the policy, its KL reference, the sampler and vLLM: auto (bf16 on a GPU that supports it, else fp16; fp32 on the CPU), bf16, fp16 or fp32. Below fp32 the trained weights and Adam's state stay fp32 and forward passes run under autocast (mixed precision); log-probs are always fp32 (docs/scaling.md)"""
+    gradient_checkpointing: bool = False
+    """recompute each layer's activations in the backward pass: activation memory of one layer instead of all, for ~1/3 more compute; the learner then scores each sequence in one forward without the shared-prefix KV cache (docs/scaling.md)"""
+    lora_rank: int = 0
+    """train LoRA adapters of this rank on the language model's projections instead of every weight (0: full fine-tuning); the base stays frozen (in --dtype), the KL reference is the base with the adapters off, checkpoints hold the adapters alone (python -m agents.merge_lora merges one)"""
+    lora_alpha: float | None = None
+    """LoRA scale alpha (the update is B A alpha / rank); default 2 x --lora-rank"""
+    lora_targets: str = "all-linear"
+    """LoRA target modules: 'all-linear' (q,k,v,o,gate,up,down projections of the language model; never the vision tower or the LM head) or a comma-separated list of module names, e.g. q_proj,v_proj"""
+    lora_dropout: float = 0.0
+    """dropout on the LoRA branch's input while training"""
     threads: int | None = None
     """torch intra-op threads for rollouts and evaluations (default: agents.policy's, 1 on <= 2 CPUs)"""
     update_threads: int | None = None
@@ -313,7 +326,8 @@ class Config:
 #: Settings that shape what a run has already done; a resume refuses to change them.
 LOCKED_ON_RESUME = ("env_id", "env_kwargs", "train_env_kwargs", "context", "model", "tiny_width", "seed", "start_seed", "tasks_per_iter", "group_size",
                     "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_dynamics", "pretrain_observe", "pretrain_seconds",
-                    "pretrain_until_exact", "pretrain_max_steps", "pretrain_follow_steps", "pretrain_follow", "pretrain_success", "reasoning", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
+                    "pretrain_until_exact", "pretrain_max_steps", "pretrain_follow_steps", "pretrain_follow", "pretrain_success", "reasoning",
+                    "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "advantage", "gigpo_gamma", "step_weight", "replay", "buffer_capacity", "priority",
                     "priority_eps", "alpha", "tau", "tau_target_ess", "tau_signal", "tau_target_clip", "is_weights", "beta", "beta_final", "beta_anneal_steps", "lr_decay", "runs_root", "run_name")
 
 
@@ -365,7 +379,14 @@ def validate(cfg: Config) -> None:
     """Raise ValueError on settings that cannot work, saying which flag to change."""
     from agents.policy import resolve_device
 
-    resolve_device(cfg.device)
+    from agents.precision import resolve_dtype
+
+    device = resolve_device(cfg.device)
+    resolve_dtype(cfg.dtype, device)
+    if cfg.lora_rank:
+        from agents.lora import LoraSettings
+
+        LoraSettings(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout)
     window = cfg.context.split(":", 1)
     checks = [
         (cfg.replay in ("none", "fresh", "per", "uniform"), f"--replay must be none|fresh|per|uniform, got {cfg.replay!r}"),
@@ -437,6 +458,10 @@ def validate(cfg: Config) -> None:
         (cfg.rollout_workers >= 0 and (cfg.rollout_shards is None or cfg.rollout_shards >= 1) and cfg.max_restarts >= 0
          and cfg.worker_gpus >= 0, "--rollout-workers, --max-restarts and --worker-gpus must be >= 0, --rollout-shards >= 1"),
         (cfg.engine in ("hf", "vllm"), f"--engine must be hf|vllm, got {cfg.engine!r}"),
+        (cfg.lora_rank >= 0, "--lora-rank must be >= 0 (0: full fine-tuning)"),
+        (not cfg.lora_rank or cfg.model is None or not (cfg.pretrain_steps or cfg.pretrain_follow_steps),
+         "--lora-rank trains adapters over a fixed base: pretrain --model in a run of its own (without "
+         "--lora-rank), then train LoRA from its checkpoint's model folder"),
         (not cfg.async_collect or cfg.rollout_workers >= 1, "--async needs rollout workers (--rollout-workers N)"),
         (cfg.max_staleness is None or cfg.max_staleness >= steps_per_iteration(cfg),
          f"--max-staleness must be >= the optimizer steps of one iteration ({steps_per_iteration(cfg)}: "
@@ -520,11 +545,14 @@ class Run:
     lock: Any
     ref: Any = None
     skip_span: tuple[int, int] | None = None  # token ids (open, close) of spans out of the loss
+    sharded: Any = None  # learner.distributed.ShardedLearner under torchrun (``policy`` is then rank 0's sampler)
     start_report: dict[str, Any] = field(default_factory=dict)
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     wall_start: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
+        if self.sharded is not None:
+            self.sharded.stop()  # the other ranks leave their command loop
         self.collector.close()
         self.evaluator.close()
         self.metrics.close()
@@ -552,7 +580,7 @@ def environment_record() -> dict[str, Any]:
         pass
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
             "cpus": available_cpus(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "packages": versions,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "world_size": distributed.world_size(),
             "busy_cores_at_start": None if BUSY_CORES_AT_START is None else round(BUSY_CORES_AT_START, 3)}
 
 
@@ -582,7 +610,8 @@ def setup(cfg: Config) -> Run:
     runners. Nothing is written before every check has passed."""
     import envs
     from agents.distributed import EngineOptions, build_collector
-    from agents.policy import Policy, configure_threads
+    from agents.policy import configure_threads
+    from agents.precision import vllm_dtype
     from agents.runner import RolloutConfig, default_env_kwargs
     from learner.checkpoint import RunLock, loading, verify_resume
 
@@ -605,7 +634,7 @@ def setup(cfg: Config) -> Run:
     if resume is not None:
         manifest = verify_resume(resume)
         run_dir = resume.parent.parent
-        missing = [p for p in (run_dir / "config.yaml", run_dir / "reference" / "config.json") if not p.exists()]
+        missing = [p for p in (run_dir / "config.yaml", run_dir / "reference") if not p.exists()]
         if missing:
             raise CheckpointError(f"{resume} is not inside its run folder ({', '.join(map(str, missing))} missing): "
                                   "resume a checkpoint in place, under <run>/checkpoints/")
@@ -637,9 +666,16 @@ def setup(cfg: Config) -> Run:
             model_path = build_tiny_model(modality, seed=start_seed(cfg), width=cfg.tiny_width)
         else:
             model_path = Path(cfg.model)
+        sharded = distributed.is_distributed()
+        if sharded:  # the other ranks build their shards of the same start
+            distributed.broadcast(("start", (str(model_path), str(run_dir), None if resume is None else str(resume))))
         seed_everything(cfg.seed)
         with loading(model_path):
-            policy = Policy.from_pretrained(model_path, device=cfg.device)
+            if sharded:
+                policy = load_policy(cfg, model_path, sampler=True)  # rank 0 plays and evaluates with it
+                learner_policy = load_sharded_learner(cfg, model_path)
+            else:
+                policy = learner_policy = load_policy(cfg, model_path)
         if policy.is_vision != (modality == "vision"):
             raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
                              f"{cfg.env_id} is a {modality} task")
@@ -648,10 +684,11 @@ def setup(cfg: Config) -> Run:
                                 cfg.beta, cfg.beta_final, cfg.beta_anneal_steps, cfg.priority_eps, cfg.seed,
                                 auto_tau=auto_tau, target_ess=cfg.tau_target_ess, is_weights=cfg.is_weights,
                                 tau_signal=cfg.tau_signal, target_clip=cfg.tau_target_clip)
-        state = TrainerState(policy.model.parameters(), cfg.lr, cfg.lr_warmup_steps, replay,
-                             (cfg.adam_beta1, cfg.adam_beta2))
+        state = trainer_state(cfg, learner_policy, replay)
         if resume is not None:
             state.load(resume)
+            if sharded:
+                distributed.load_sharded(learner_policy, state.optimizer, resume)
             restore_best(run_dir, state.counters)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
@@ -663,24 +700,142 @@ def setup(cfg: Config) -> Run:
                                     shards=cfg.rollout_shards, asynchronous=cfg.async_collect,
                                     max_staleness=cfg.max_staleness, steps_per_iteration=steps_per_iteration(cfg),
                                     plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,
-                                    engine=EngineOptions(cfg.engine, cfg.vllm_python, dict(cfg.vllm_args or {})),
+                                    engine=EngineOptions(cfg.engine, cfg.vllm_python,
+                                                         {"dtype": vllm_dtype(policy.compute_dtype), **(cfg.vllm_args or {})}),
                                     max_restarts=cfg.max_restarts, log_path=run_dir / "vllm_engine.log",
                                     worker_gpus=cfg.worker_gpus)
     except BaseException:
         lock.release()
         raise
+    skip_span = None if cfg.think_loss else think_span(policy)
+    learner = None
+    if sharded:
+        learner = distributed.ShardedLearner(learner_policy, policy, state,
+                                             update_function(cfg, learner_policy, state, run_dir, skip_span))
     run = Run(cfg, run_dir, policy, state, collector,
-              rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1), metrics,
-              LossConfig(loss=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-                         tis_cap=cfg.tis_cap, sequence_ratio=cfg.sequence_ratio, kl_coef=cfg.kl_coef),
-              update_threads, resume, lock, start_report=start_report,
-              skip_span=None if cfg.think_loss else think_span(policy))
+              rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1), metrics, loss_config(cfg),
+              update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner)
     if resume is not None:
         for row in read_metrics(run_dir / "metrics.jsonl"):
             if row.get("kind") == "eval" and str(row.get("phase")).startswith("baseline"):
                 run.evals[row["phase"]] = row
     print(f"run folder: {run_dir}\n{to_yaml(cfg)}")
     return run
+
+
+def load_policy(cfg: Config, model_path: Path, *, sampler: bool = False, device: str | None = None):
+    """The policy a run trains, from a model folder (or a LoRA run's adapter folder on resume):
+    fp32 weights computing in ``--dtype`` under autocast, or with ``--lora-rank`` a frozen base
+    in ``--dtype`` with fp32 adapters; gradient checkpointing as asked. ``sampler``: the copy a
+    sharded learner's rank 0 plays with (weights in ``--dtype``, no checkpointing)."""
+    from agents.lora import LoraSettings, add_lora, has_lora
+    from agents.policy import Policy
+    from agents.precision import resolve_dtype
+
+    device = device or cfg.device
+    compute = resolve_dtype(cfg.dtype, device)
+    weights = compute if (cfg.lora_rank or sampler) else torch.float32
+    policy = Policy.from_pretrained(model_path, device=device, dtype=weights, compute_dtype=compute)
+    if cfg.lora_rank and not has_lora(policy.model):
+        add_lora(policy, LoraSettings(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout))
+    elif has_lora(policy.model) and not cfg.lora_rank:
+        raise ValueError(f"{model_path} holds LoRA adapters: train it with the --lora-rank it was trained with "
+                         f"({policy.model.freshper_lora.rank}), or merge it first (python -m agents.merge_lora)")
+    if cfg.gradient_checkpointing and not sampler:
+        policy.enable_gradient_checkpointing()
+    return policy
+
+
+def load_sharded_learner(cfg: Config, model_path: Path):
+    """This rank's shard of the trained policy (FSDP2, :mod:`learner.distributed`): loaded on the
+    CPU in fp32, adapters and checkpointing added, then sharded onto the rank's device."""
+    from agents.precision import resolve_dtype
+
+    policy = load_policy(cfg, model_path, device="cpu")
+    if policy.is_vision and policy.model.config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"the sharded learner supports text models and Qwen2-VL-family VLMs, got "
+                         f"{policy.model.config.model_type}")
+    distributed.shard_policy(policy, resolve_dtype(cfg.dtype, cfg.device))
+    if torch.device(cfg.device).type == "cuda":
+        policy.model.to(torch.device(cfg.device))
+    return policy
+
+
+def trainer_state(cfg: Config, policy, replay: ReplaySettings) -> TrainerState:
+    """The optimizer (over the trainable parameters: all, or the LoRA adapters), schedule,
+    replay buffer and counters of a run."""
+    return TrainerState([p for p in policy.model.parameters() if p.requires_grad], cfg.lr, cfg.lr_warmup_steps,
+                        replay, (cfg.adam_beta1, cfg.adam_beta2), fp16=policy.compute_dtype == torch.float16,
+                        device=policy.device)
+
+
+def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, skip_span):
+    """One rank's update of a sharded learner: ``(trajs, weights, ages, on_policy, shard) ->
+    stats``, with its KL reference loaded on first use (after rank 0 wrote it)."""
+    from learner.update import policy_update
+
+    loss_cfg = loss_config(cfg)
+    refs: list = []
+
+    def reference():
+        if cfg.kl_coef == 0.0:
+            return None
+        if not refs:
+            refs.append(reference_policy(policy, run_dir))
+        return refs[0]
+
+    def update(trajs, weights, ages, on_policy, shard):
+        threads = cfg.update_threads or max(1, min(8, available_cpus() // distributed.world_size()))
+        with torch_threads(threads):
+            return policy_update(policy, reference(), state.optimizer, state.scheduler, trajs, weights, ages,
+                                 loss_cfg=loss_cfg, temperature=cfg.temperature, micro_batch=cfg.micro_batch,
+                                 max_grad_norm=cfg.max_grad_norm, on_policy=on_policy, skip_span=skip_span,
+                                 scaler=state.scaler, shard=shard)
+
+    return update
+
+
+def loss_config(cfg: Config) -> LossConfig:
+    return LossConfig(loss=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
+                      tis_cap=cfg.tis_cap, sequence_ratio=cfg.sequence_ratio, kl_coef=cfg.kl_coef)
+
+
+def serve_rank(cfg: Config) -> int:
+    """A non-zero rank of a sharded learner: build this rank's shard of the start rank 0 chose
+    (or of the checkpoint it resumes), then carry out rank 0's commands until it stops."""
+    from agents.policy import configure_threads
+
+    command, payload = distributed.broadcast()
+    if command != "start":
+        return 2  # rank 0 refused to start; it says why
+    model_path, run_dir, resume = payload
+    configure_threads(cfg.threads)
+    policy = load_sharded_learner(cfg, Path(model_path))
+    state = trainer_state(cfg, policy, ReplaySettings("none"))
+    if resume is not None:
+        state.load(Path(resume))
+        distributed.load_sharded(policy, state.optimizer, Path(resume))
+    skip_span = None if cfg.think_loss else think_span(policy)
+    distributed.serve(distributed.ShardedLearner(policy, None, state,
+                                                 update_function(cfg, policy, state, Path(run_dir), skip_span)))
+    return 0
+
+
+def reference_policy(policy, run_dir: Path):
+    """The KL reference of the trained ``policy``: the base with the adapters off for a LoRA
+    policy (no copy), else the policy RL started from (``run_dir/reference``), frozen, in the
+    compute dtype (one unsharded copy per rank in a sharded learner)."""
+    from agents.lora import has_lora
+    from agents.policy import Policy
+    from agents.precision import resolve_dtype
+    from learner.update import AdapterReference
+
+    if has_lora(policy.model):
+        return AdapterReference(policy)
+    dtype = getattr(policy.model, "freshper_compute_dtype", None) or policy.compute_dtype
+    ref = Policy.from_pretrained(run_dir / "reference", device=policy.device, dtype=resolve_dtype(dtype))
+    ref.model.requires_grad_(False)
+    return ref
 
 
 def think_span(policy) -> tuple[int, int]:
@@ -755,7 +910,11 @@ def start_of_rl(run: Run) -> None:
 def write_checkpoint(run: Run) -> Path:
     def write(folder: Path) -> None:
         run.policy.save_pretrained(folder / "model")
-        run.state.save(folder)
+        if run.sharded is not None:  # every rank writes its shards of the weights and of Adam's state
+            run.sharded.save(folder)
+            run.state.save(folder, optimizer_state={})
+        else:
+            run.state.save(folder)
         (folder / "config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
 
     path = save_checkpoint(run.dir / "checkpoints", run.state.counters.iteration, write, keep=run.cfg.keep_checkpoints)
@@ -767,10 +926,13 @@ def update(run: Run, trajs: list, weights, ages, on_policy: bool) -> dict[str, A
     from learner.update import policy_update
 
     cfg = run.cfg
+    if run.sharded is not None:  # every rank takes its part (learner/distributed.py)
+        return run.sharded.update(trajs, weights, ages, on_policy)
     with torch_threads(run.update_threads):
         return policy_update(run.policy, run.ref, run.state.optimizer, run.state.scheduler, trajs, weights, ages,
                              loss_cfg=run.loss_cfg, temperature=cfg.temperature, micro_batch=cfg.micro_batch,
-                             max_grad_norm=cfg.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span)
+                             max_grad_norm=cfg.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span,
+                             scaler=run.state.scaler)
 
 
 def base_priorities(cfg: Config, records: list) -> np.ndarray:
@@ -797,6 +959,7 @@ def lr_factor(decay: str, it: int, iterations: int | None) -> float:
 def iteration(run: Run) -> dict[str, Any]:
     """Collect, update on-policy, add to the buffer, replay; return the iteration's log row."""
     from agents.record import assign_step_advantages
+    from learner.update import stepped
 
     cfg, c, buffer = run.cfg, run.state.counters, run.state.buffer
     it = c.iteration
@@ -820,17 +983,19 @@ def iteration(run: Run) -> dict[str, Any]:
         for version in sorted({r.policy_version for r in good}):
             part = [r for r in good if r.policy_version == version]
             buffer.add(part, base_priorities(cfg, part), step=version)
-    c.global_step += int(not upd["skipped"])
+    c.global_step += int(stepped(upd))
     t_buffer = time.monotonic()
     replays = []
     for _ in range(cfg.replay_ratio if buffer is not None else 0):
         batch = buffer.sample(min(cfg.replay_batch or cfg.tasks_per_iter * cfg.group_size, len(buffer)), step=c.global_step)
         replays.append(update(run, list(batch.items), batch.weights, batch.ages, on_policy=False))
-        c.global_step += int(not replays[-1]["skipped"])
+        c.global_step += int(stepped(replays[-1]))
         if run.state.tau_controller is not None and run.state.tau_controller.observe(
                 replays[-1].get(run.state.tau_controller.metric)):
             buffer.set_tau(run.state.tau_controller.tau)
     t3 = time.monotonic()
+    if run.sharded is not None:  # the sampler takes the sharded learner's new weights
+        run.sharded.gather()
     publish = getattr(run.collector, "publish", None)  # rollout workers / engines take the new weights
     if publish is not None:
         publish(c.global_step)
@@ -894,11 +1059,8 @@ def loop(run: Run) -> None:
     from tqdm.auto import tqdm
 
     cfg, c = run.cfg, run.state.counters
-    if run.ref is None and cfg.kl_coef != 0.0:
-        from agents.policy import Policy
-
-        run.ref = Policy.from_pretrained(run.dir / "reference", device=cfg.device)
-        run.ref.model.requires_grad_(False)
+    if run.ref is None and cfg.kl_coef != 0.0 and run.sharded is None:
+        run.ref = reference_policy(run.policy, run.dir)
     iterations = planned_iterations(cfg)
     by_iter = iterations is not None
     bar = tqdm(total=iterations if by_iter else int(cfg.time_budget), initial=c.iteration if by_iter else int(c.rl_seconds),
@@ -973,12 +1135,12 @@ def finish(run: Run) -> dict[str, Any]:
     evaluate_phase(run, "final", cfg.final_eval_episodes, cfg.eval_both)
     selected = None
     if cfg.select == "best" and 0 <= c.best_iteration < c.iteration:
-        from agents.policy import Policy
+        from agents.weights import load_weights_into
 
         selected = best_folder(run.dir, c.best_iteration)
-        best = Policy.from_pretrained(selected / "model", device=cfg.device)
-        run.policy.model.load_state_dict(best.model.state_dict())  # after the last checkpoint: nothing trains on
-        del best
+        run.state.release_optimizer()  # after the last checkpoint nothing trains on: free Adam's state first
+        run.ref = None
+        load_weights_into(run.policy, selected / "model")  # in place: no second copy of the model
         evaluate_phase(run, "selected", cfg.final_eval_episodes, cfg.eval_both, {"policy_iteration": c.best_iteration})
     summary = summarize(run.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
     summary["agent"] = str((selected or list_checkpoints(run.dir / "checkpoints")[-1]) / "model")
@@ -1119,13 +1281,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # process-wide: restored on return
+    sharded = distributed.is_distributed()
     try:
+        if sharded:  # torchrun: rank 0 runs the job, the other ranks serve its updates
+            cfg.device = str(distributed.init(cfg.device))
+            if distributed.rank() != 0:
+                return serve_rank(cfg)
+            if cfg.model is not None and (cfg.pretrain_steps or cfg.pretrain_follow_steps):
+                raise ValueError("pretraining a --model runs in one process: pretrain it in a run without torchrun, "
+                                 "then train its checkpoint's model folder under torchrun")
         train(cfg)
     except (NonFiniteError, CheckpointError, FileExistsError, ValueError, FloatingPointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         torch.use_deterministic_algorithms(previous)
+        if sharded:
+            distributed.finish()
     return 0
 
 

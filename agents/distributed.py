@@ -152,11 +152,14 @@ class ShardedCollector:
 # -- weights and model folders as plain data ---------------------------------------------------
 def state_to_numpy(model: Any) -> dict[str, np.ndarray]:
     """A model's state dict as numpy arrays (views of the tensors; bf16 as its int16 bits,
-    under a ``bf16:`` key prefix, since numpy has no bf16)."""
+    under a ``bf16:`` key prefix, since numpy has no bf16); a LoRA model's with its adapters
+    merged, under the plain model's names."""
     import torch
 
+    from agents.lora import plain_state_dict
+
     out = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in plain_state_dict(model).items():  # LoRA adapters merged in
         t = tensor.detach().cpu()
         if t.dtype == torch.bfloat16:
             out["bf16:" + name] = t.view(torch.int16).numpy()

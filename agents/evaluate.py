@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="torch device of the model: cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32 (auto: bf16 on a GPU, fp32 on the CPU)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     configure_threads(args.threads)
@@ -230,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         from agents.tiny import build_tiny_model
 
         model = str(build_tiny_model(spec.modality))
-    policy = Policy.from_pretrained(model)
+    try:
+        policy = Policy.from_pretrained(model, device=args.device, dtype=args.dtype)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from agents.runner import default_env_kwargs
     from envs.play import parse_kwargs
 

@@ -31,14 +31,16 @@ class Proposal:
 
 
 class ModelPlayer:
-    """Proposes replies for ``env_id`` with the model at ``model_path`` (None: the tiny default).
+    """Proposes replies for ``env_id`` with the model at ``model_path`` (None: the tiny default),
+    loaded on ``device`` in ``dtype`` (``--dtype`` names; ``auto``: bf16 on a GPU, fp32 on the CPU).
 
     ``policy`` hands in an already loaded model instead (``model_path`` is then only a label).
     """
 
     def __init__(
         self, model_path: str | None, env_id: str, *, greedy: bool = True, temperature: float = 1.0,
-        max_new_tokens: int = 32, seed: int = 0, policy: Policy | None = None,
+        max_new_tokens: int = 32, seed: int = 0, policy: Policy | None = None, device: str = "cpu",
+        dtype: str = "auto",
     ) -> None:
         import envs  # noqa: F401
         from envs.registry import task_spec
@@ -48,7 +50,7 @@ class ModelPlayer:
                 from agents.tiny import build_tiny_model
 
                 model_path = str(build_tiny_model(task_spec(env_id).modality))
-            policy = Policy.from_pretrained(model_path)
+            policy = Policy.from_pretrained(model_path, device=device, dtype=dtype)
         self.policy = policy
         self.board_only = default_env_kwargs(env_id, "window:0").get("feedback") is False
         self.env_id = env_id

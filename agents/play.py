@@ -23,7 +23,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--auto", action="store_true", help="send every model reply without waiting for Enter")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--sample", action="store_true", help="sample replies (default: greedy)")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="the model's reply length limit, in tokens")
+    parser.add_argument("--device", default="cpu", help="torch device of the model: cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32 (auto: bf16 on a GPU, fp32 on the CPU)")
     args = parser.parse_args(argv)
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be >= 1")
     from agents.interactive import ModelPlayer
     from agents.view.runs import model_folder_problem
 
@@ -36,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = str(folder) if folder.is_dir() else model
     try:
         # Loading never runs a model folder's own code nor asks about it on stdin (the moves' channel).
-        player = ModelPlayer(model, args.env_id, greedy=not args.sample, temperature=args.temperature)
+        player = ModelPlayer(model, args.env_id, greedy=not args.sample, temperature=args.temperature,
+                             max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -37,6 +37,9 @@ from agents.sampling import TurnKVCache, sample_text
 logger = logging.getLogger(__name__)
 
 _VISION_SPECIALS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+#: Logits above this many elements are turned into fp32 log-probs in row chunks (64M elements:
+#: 256 MB of fp32 at a time, ~430 rows of a 151k vocabulary); the embedded models never reach it.
+LOGPROB_CHUNK_ELEMENTS = 1 << 26
 
 
 def configure_threads(num_threads: int | None = None) -> int:
@@ -119,10 +122,14 @@ def resolve_device(name: str | torch.device) -> torch.device:
 class Policy:
     """A language or vision-language model plus tokenizer (and processor for VLMs)."""
 
-    def __init__(self, model, tokenizer, processor=None, *, name: str = "") -> None:
+    def __init__(self, model, tokenizer, processor=None, *, name: str = "",
+                 compute_dtype: torch.dtype | None = None) -> None:
         from transformers import GenerationConfig
 
         self.model = model
+        #: The dtype forward passes compute in (``torch.autocast`` when it differs from the
+        #: weights'); default: the weights' own.
+        self.compute_dtype: torch.dtype = compute_dtype or next(model.parameters()).dtype
         apply_position_layout(model)
         self.tokenizer = tokenizer
         self.processor = processor
@@ -138,7 +145,9 @@ class Policy:
             sorted(vocab[t] for t in _VISION_SPECIALS if t in vocab) if self.is_vision else []
         )
         # A neutral generation config: a checkpoint's top-k/top-p/penalties must not silently
-        # change the sampling distribution away from softmax(logits / T).
+        # change the sampling distribution away from softmax(logits / T). The checkpoint's own
+        # is kept and written back by save_pretrained (its sampling defaults, its EOS ids).
+        self.base_generation_config = getattr(model, "generation_config", None)
         self.model.generation_config = GenerationConfig(
             eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, bos_token_id=None
         )
@@ -158,14 +167,30 @@ class Policy:
     # -- loading and saving ---------------------------------------------------------------
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+        cls, path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
+        compute_dtype: torch.dtype | str | None = None,
     ) -> "Policy":
         """Load a causal LM or a Qwen2-VL-family VLM with its tokenizer/processor.
 
         ``path`` is a local folder (or a hub id where a hub is reachable). Vision models are
         recognised by their config (a ``vision_config``), text models load with
-        ``AutoModelForCausalLM``.
+        ``AutoModelForCausalLM``. A folder holding LoRA adapters (``adapter_config.json``, as a
+        LoRA run's checkpoints do) loads its base model and the adapters on it.
+
+        ``dtype`` is the weights' dtype (a ``--dtype`` name or a torch dtype; ``auto`` is decided
+        for ``device``), ``compute_dtype`` the one forward passes run in (default: ``dtype``):
+        a trained policy keeps fp32 weights and computes in bf16 under autocast.
         """
+        from agents.precision import resolve_dtype
+
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        compute_dtype = dtype if compute_dtype is None else resolve_dtype(compute_dtype, device)
+        adapter = Path(str(path)) / "adapter_config.json"
+        if adapter.is_file():
+            from agents.lora import load_adapter_policy
+
+            return load_adapter_policy(cls, Path(str(path)), device=device, dtype=dtype, compute_dtype=compute_dtype)
         # Recent transformers swap layers for kernels fetched from the hub when a model loads on
         # a GPU: off unless asked for (USE_HUB_KERNELS=YES), so nothing is downloaded at run time
         # and the sampler and the learner run the same code.
@@ -190,15 +215,27 @@ class Policy:
             model = AutoModelForCausalLM.from_pretrained(path_str, dtype=dtype, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(path_str, trust_remote_code=False)
             processor = None
-        model.to(resolve_device(device))
+        model.to(device)
         model.eval()
-        return cls(model, tokenizer, processor, name=path_str)
+        return cls(model, tokenizer, processor, name=path_str, compute_dtype=compute_dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
-        """Write model, tokenizer and processor so :meth:`from_pretrained` reloads them."""
+        """Write model, tokenizer and processor so :meth:`from_pretrained` reloads them (a model
+        with LoRA adapters writes the adapters alone, naming its base). The checkpoint's own
+        generation config is written, not the neutral one sampling uses."""
         path = Path(path)
+        from agents.lora import has_lora, save_adapter
+
+        if has_lora(self.model):
+            return save_adapter(self, path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        neutral = self.model.generation_config
+        if self.base_generation_config is not None:
+            self.model.generation_config = self.base_generation_config
+        try:
+            self.model.save_pretrained(path)
+        finally:
+            self.model.generation_config = neutral
         if self.processor is not None:
             self.processor.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
@@ -207,6 +244,38 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def autocast(self):
+        """The context forward passes run in: autocast to :attr:`compute_dtype` where it differs
+        from the weights' dtype (mixed precision), else nothing."""
+        from agents.precision import autocast
+
+        weights = next(self.model.parameters()).dtype
+        return autocast(self.device, self.compute_dtype if self.compute_dtype != weights else torch.float32)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether the model recomputes its layers' activations in the backward pass."""
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers >= 5.x, before
+            if hasattr(type(self.model), name):
+                return bool(getattr(self.model, name))
+        return False
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each decoder layer's activations in the backward pass (HF's
+        non-reentrant checkpointing): activation memory falls from every layer's to one
+        layer's at a time, for about one more forward pass of compute. The learner then scores
+        sequences in one full forward each (:mod:`learner.prefix`), since a KV cache written
+        inside a recomputed layer would be written twice."""
+        if not getattr(self.model, "supports_gradient_checkpointing", False):
+            raise ValueError(f"{type(self.model).__name__} does not support gradient checkpointing")
+        kwargs = {"use_reentrant": False}
+        if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if hasattr(self.model, "enable_input_require_grads"):
+            self.model.enable_input_require_grads()  # frozen embeddings (LoRA) still pass a gradient on
 
     # -- text ----------------------------------------------------------------------------
     def decode(self, ids: Sequence[int]) -> str:
@@ -278,11 +347,30 @@ class Policy:
         return torch.log_softmax(self.scaled_logits(logits, temperature), dim=-1)
 
     def logprobs_of(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``log_softmax(logits / T)[target]``, differentiable; logits [..., V], targets [...].
+        """``log_softmax(logits / T)[target]`` in fp32, differentiable; logits [..., V], targets [...].
 
         Suppressed targets (prompt image pads, never sampled) report 0, not -inf, so a mask of
-        0 on them cannot turn into NaN.
+        0 on them cannot turn into NaN. Logits larger than :data:`LOGPROB_CHUNK_ELEMENTS` are
+        taken in row chunks, each recomputed in the backward pass, so the fp32 copy of a whole
+        batch's logits over a real vocabulary (~150k) is never held at once.
         """
+        if logits.numel() <= LOGPROB_CHUNK_ELEMENTS:
+            return self._logprobs_of(logits, targets, temperature)
+        shape = targets.shape
+        flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        rows = max(1, LOGPROB_CHUNK_ELEMENTS // logits.shape[-1])
+        parts = []
+        for start in range(0, flat_targets.shape[0], rows):
+            chunk, target = flat_logits[start:start + rows], flat_targets[start:start + rows]
+            if torch.is_grad_enabled() and chunk.requires_grad:
+                from torch.utils.checkpoint import checkpoint
+
+                parts.append(checkpoint(self._logprobs_of, chunk, target, temperature, use_reentrant=False))
+            else:
+                parts.append(self._logprobs_of(chunk, target, temperature))
+        return torch.cat(parts).reshape(shape)
+
+    def _logprobs_of(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
         scaled = self.scaled_logits(logits, temperature)
         out = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
         if self.suppressed_ids:
@@ -320,7 +408,8 @@ class Policy:
             if len(flat) != n_needed:
                 raise ValueError(f"samples reference {n_needed} images but {len(flat)} were given")
             kwargs = {**self.vision_inputs(flat), **self._mm_types(ids)}
-        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
+        with self.autocast():
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
         lp = self.logprobs_of(logits[:, :-1], ids[:, 1:], temperature) * mask[:, 1:]
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
@@ -347,14 +436,15 @@ class Policy:
             return []
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
-        if not self.is_vision:
-            return sample_text(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                               greedy=greedy, turn_cache=turn_cache)
-        if sampling_vl.supports(self.model):
-            return sampling_vl.sample_vision(self, prompts, images, max_new_tokens=max_new_tokens,
-                                             temperature=temperature, greedy=greedy)
-        return self._generate_hf(prompts, images, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 greedy=greedy)
+        with self.autocast():
+            if not self.is_vision:
+                return sample_text(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                   greedy=greedy, turn_cache=turn_cache)
+            if sampling_vl.supports(self.model):
+                return sampling_vl.sample_vision(self, prompts, images, max_new_tokens=max_new_tokens,
+                                                 temperature=temperature, greedy=greedy)
+            return self._generate_hf(prompts, images, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     greedy=greedy)
 
     def _generate_hf(
         self,

@@ -168,7 +168,17 @@ class VLLMSampler:
         /dev/shm, reloaded in place, prefix cache reset); ``version`` is kept for the log."""
         t0 = time.perf_counter()
         target = self.folder / f"v{int(version)}-{time.monotonic_ns()}"
-        model.save_pretrained(target)
+        from agents.lora import has_lora, plain_state_dict
+
+        if has_lora(model):  # the engine holds the plain model: the adapters go in merged
+            from safetensors.torch import save_file
+
+            target.mkdir(parents=True)
+            model.config.save_pretrained(target)
+            save_file({k: v.detach().cpu().clone() for k, v in plain_state_dict(model).items()},
+                      str(target / "model.safetensors"))
+        else:
+            model.save_pretrained(target)
         self._call({"op": "load_weights", "path": str(target)})
         if self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)  # the engine keeps only the newest folder's path

@@ -94,10 +94,12 @@ def drop_span(sample: Sample, open_id: int, close_id: int) -> Sample:
 
 def make_batches(trajs: Sequence[Trajectory], weights: Sequence[float] | np.ndarray | None = None,
                  ages: Sequence[float] | np.ndarray | None = None, micro_batch: int = 256,
-                 skip_span: tuple[int, int] | None = None) -> list[Batch]:
+                 skip_span: tuple[int, int] | None = None, part: tuple[int, int] | None = None) -> list[Batch]:
     """Micro-batches of every sample with sampled tokens, each carrying its trajectory's PER
     weight and age and its advantage (the sample's own where stored, else the trajectory's).
-    ``skip_span``: (open, close) token ids whose spans get no loss (:func:`drop_span`)."""
+    ``skip_span``: (open, close) token ids whose spans get no loss (:func:`drop_span`).
+    ``part``: (rank, world) of a sharded learner: this rank's samples alone (every
+    ``world``-th, in order), with the whole batch's token count as ``num_tokens``."""
     n = len(trajs)
     weights = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     ages = np.zeros(n) if ages is None else np.asarray(ages, dtype=np.float64)
@@ -105,6 +107,8 @@ def make_batches(trajs: Sequence[Trajectory], weights: Sequence[float] | np.ndar
     if skip_span is not None:
         rows = [(i, s) for i, s in ((i, drop_span(s, *skip_span)) for i, s in rows) if s.num_sampled > 0]
     total = float(sum(s.num_sampled for _, s in rows))
+    if part is not None:
+        rows = rows[part[0]::part[1]]
     out = []
     for chunk in _chunks(rows, micro_batch):
         samples = [s for _, s in chunk]

@@ -17,6 +17,10 @@ so the gradient of every sample flows into the shared computation: values and gr
 a full forward pass on the sampled positions up to float rounding (tested). This is exact, not
 an approximation.
 
+Under gradient checkpointing the learner takes :func:`full_logprobs` instead: one forward per
+sequence without a KV cache (which a recomputed layer would write twice), with only the scored
+positions through the LM head; ``benchmarks/real_scale.py`` measures both paths.
+
 Qwen2-VL-family models take the same three stages with their images: the header is what
 precedes the first vision token, each distinct (prompt, images) pair goes through the vision
 tower and the model once (left-padded, multimodal-rope positions from the model's own
@@ -86,11 +90,58 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     """
     if not samples:
         return policy.token_logprobs(samples, [], temperature=temperature)
+    images = images if images is not None else [[] for _ in samples]
+    if full_forward_applies(policy):
+        return full_logprobs(policy, samples, images, temperature)
+    with policy.autocast():
+        if policy.is_vision:
+            if _vision_prefix_applies(policy, samples):
+                return _vision_logprobs(policy, samples, images, temperature)
+            return policy.token_logprobs(samples, images, temperature=temperature)
+        return _text_logprobs(policy, samples, temperature)
+
+
+def full_forward_applies(policy) -> bool:
+    """Whether the learner scores with one full forward per sequence instead of the shared-prefix
+    passes: under gradient checkpointing while training (a KV cache written inside a layer that
+    is recomputed in the backward pass would be written twice, so the model runs without one),
+    and always in a sharded learner (every rank must make the same number of model calls)."""
+    return getattr(policy, "sharded", False) or (policy.gradient_checkpointing and policy.model.training)
+
+
+def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T_max]`` log-probs of each token from the batch's first sampled position on, in one
+    forward pass over the right-padded sequences (no KV cache); 0 before that position.
+
+    Only the positions from the earliest first-sampled token on go through the LM head
+    (``logits_to_keep``), so a batch of long prompts with short replies costs the LM head and
+    the log-softmax of the replies alone.
+    """
+    device = policy.device
+    lengths = [len(s.token_ids) for s in samples]
+    t_max = max(lengths)
+    ids = torch.full((len(samples), t_max), policy.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), t_max), dtype=torch.long)
+    for b, s in enumerate(samples):
+        ids[b, : lengths[b]] = torch.as_tensor(np.asarray(s.token_ids), dtype=torch.long)
+        mask[b, : lengths[b]] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    first = min(prompt_lengths(samples))  # the earliest position scored
+    kwargs: dict = {}
     if policy.is_vision:
-        images = images if images is not None else [[] for _ in samples]
-        if _vision_prefix_applies(policy, samples):
-            return _vision_logprobs(policy, samples, images, temperature)
-        return policy.token_logprobs(samples, images, temperature=temperature)
+        flat = [im for per in images for im in per]
+        kwargs = {**policy.vision_inputs(flat), **policy._mm_types(ids)}
+    if policy.takes_logits_to_keep:
+        kwargs["logits_to_keep"] = t_max - first + 1
+    with policy.autocast():
+        logits = policy.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
+    logits = logits[:, -(t_max - first + 1):]  # positions first-1 .. t_max-1
+    lp = policy.logprobs_of(logits[:, :-1], ids[:, first:], temperature) * mask[:, first:]
+    return torch.cat([torch.zeros(len(samples), first, dtype=lp.dtype, device=device), lp], dim=1)
+
+
+def _text_logprobs(policy, samples: Sequence, temperature: float) -> torch.Tensor:
+    """The three shared-prefix stages for a text model (see the module docstring)."""
     model, device = policy.model, policy.device
     cache_arg, logits_to_keep = policy.cache_arg, policy.takes_logits_to_keep
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]

@@ -82,9 +82,12 @@ class TrainerState:
     """Optimizer, learning-rate schedule, replay buffer and counters of a run."""
 
     def __init__(self, params, lr: float, lr_warmup_steps: int, replay: ReplaySettings,
-                 betas: tuple[float, float] = (0.9, 0.999)) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), *, fp16: bool = False,
+                 device: torch.device | str = "cpu") -> None:
         self.lr, self.betas = float(lr), (float(betas[0]), float(betas[1]))
         self.optimizer = torch.optim.Adam(params, lr=self.lr, betas=self.betas)
+        #: fp16 compute: the dynamic loss scale (bf16 and fp32 need none).
+        self.scaler = torch.amp.GradScaler(torch.device(device).type) if fp16 else None
         warm = max(1, int(lr_warmup_steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
         self.replay = replay
@@ -105,10 +108,18 @@ class TrainerState:
             group["initial_lr"] = lr
             group["lr"] = lr * factor
 
-    def save(self, folder: Path) -> None:
-        """Write ``trainer.pt`` (optimizer, schedule, counters, RNG states) and ``replay.npz``."""
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+    def release_optimizer(self) -> None:
+        """Drop Adam's moments (the end of a run, after its last checkpoint)."""
+        self.optimizer.state.clear()
+
+    def save(self, folder: Path, optimizer_state: dict | None = None) -> None:
+        """Write ``trainer.pt`` (optimizer, schedule, counters, RNG states) and ``replay.npz``.
+        ``optimizer_state``: stored instead of the optimizer's own (None: the own one; a sharded
+        learner passes ``{}`` and saves its shards with torch.distributed.checkpoint)."""
+        torch.save({"optimizer": self.optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                    "scheduler": self.scheduler.state_dict(),
                     "state": dataclasses.asdict(self.counters), "rng": rng_state(),
+                    "scaler": None if self.scaler is None else self.scaler.state_dict(),
                     "tau_controller": None if self.tau_controller is None else self.tau_controller.state_dict()},
                    folder / TRAINER_FILE)
         if self.buffer is not None:
@@ -120,7 +131,10 @@ class TrainerState:
         already kept stay)."""
         try:
             saved = torch.load(folder / TRAINER_FILE, weights_only=True, map_location="cpu")
-            self.optimizer.load_state_dict(saved["optimizer"])
+            if saved["optimizer"]:  # empty where a sharded learner keeps it in its own shards
+                self.optimizer.load_state_dict(saved["optimizer"])
+            if self.scaler is not None and saved.get("scaler"):
+                self.scaler.load_state_dict(saved["scaler"])
             self.scheduler.load_state_dict(saved["scheduler"])
             self.counters = Counters(**saved["state"])
             set_rng_state(saved["rng"])

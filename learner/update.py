@@ -16,27 +16,62 @@ from learner.batch import batch_logprobs, make_batches, supervised_batches
 from learner.loss import LossConfig, LossStats, grpo_loss
 
 
+class AdapterReference:
+    """The KL reference of a LoRA policy: the same model with its adapters switched off, so the
+    reference costs no second copy of the weights."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+
+    def reference_logprobs(self, batch, temperature: float) -> torch.Tensor:
+        from agents.lora import adapters_disabled
+
+        with adapters_disabled(self.policy.model):
+            return batch_logprobs(self.policy, batch, temperature)
+
+
+def reference_logprobs(ref, batch, temperature: float) -> torch.Tensor:
+    """``[B, T]`` log-probs of the batch's sampled tokens under the KL reference (no gradient):
+    a frozen :class:`~agents.policy.Policy`, or an object with ``reference_logprobs``
+    (:class:`AdapterReference`)."""
+    with torch.no_grad():
+        if hasattr(ref, "reference_logprobs"):
+            return ref.reference_logprobs(batch, temperature)
+        return batch_logprobs(ref, batch, temperature)
+
+
+def stepped(stats: dict[str, Any]) -> bool:
+    """Whether an update's statistics say the optimizer took its step."""
+    return not stats.get("skipped") and not stats.get("fp16_overflow")
+
+
 def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: Sequence[float] | np.ndarray,
                   ages: Sequence[float] | np.ndarray, *, loss_cfg: LossConfig, temperature: float = 1.0,
                   micro_batch: int = 256, max_grad_norm: float = 1.0, on_policy: bool,
-                  skip_span: tuple[int, int] | None = None) -> dict[str, Any]:
+                  skip_span: tuple[int, int] | None = None, scaler=None, shard=None) -> dict[str, Any]:
     """One optimizer step of the GRPO loss on ``trajs`` (every sampled token carries its
     sample's advantage and its trajectory's PER weight and age).
 
     On the on-policy update the behaviour log-probs are the current ones, detached, so the
     ratio is exactly 1; the largest gap to the stored ones is logged (``behavior_logprob_gap``).
-    ``ref`` is the KL reference policy (None when ``loss_cfg.kl_coef`` is 0). ``skip_span``:
-    (open, close) token ids of spans left out of the loss (``--no-think-loss``).
+    ``ref`` is the KL reference (None when ``loss_cfg.kl_coef`` is 0; see
+    :func:`reference_logprobs`). ``skip_span``: (open, close) token ids of spans left out of the
+    loss (``--no-think-loss``). ``scaler``: a ``torch.amp.GradScaler`` for fp16 compute (an
+    overflowing step is skipped and the loss scale lowered, counted in ``fp16_overflow``, not
+    as a non-finite update). ``shard``: in a sharded learner (:mod:`learner.distributed`), this
+    rank's part of the batch and the reductions across ranks; None in one process.
 
     Returns statistics; ``skipped`` is 1 and ``nonfinite`` names the culprit when the loss or
     gradient was not finite (then no step is taken and the gradients are cleared).
     """
-    batches = make_batches(trajs, weights, ages, micro_batch, skip_span)
+    batches = make_batches(trajs, weights, ages, micro_batch, skip_span, part=None if shard is None else shard.part)
+    if shard is not None:
+        batches = shard.select(batches, lambda: make_batches(trajs, weights, ages, 1, skip_span)[0])
     optimizer.zero_grad(set_to_none=True)
-    if not batches:
+    if not batches and shard is None:
         return {"skipped": 0.0, "tokens": 0.0}
     policy.model.train()
-    stats, total_loss, gap, seq_tokens = LossStats(), 0.0, 0.0, 0
+    stats, total_loss, gap, seq_tokens, finite = LossStats(), 0.0, 0.0, 0, True
     for batch in batches:
         batch = batch.to(policy.device)
         logp = batch_logprobs(policy, batch, temperature)
@@ -44,30 +79,49 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
         if on_policy:
             gap = max(gap, float(((logp.detach() - mu).abs() * batch.mask).max().item()))
             mu = logp.detach()
-        ref_lp = None
-        if loss_cfg.kl_coef != 0.0:
-            with torch.no_grad():
-                ref_lp = batch_logprobs(ref, batch, temperature)
+        ref_lp = reference_logprobs(ref, batch, temperature) if loss_cfg.kl_coef != 0.0 else None
         loss, st = grpo_loss(logp, mu, batch.mask, batch.advantages, batch.weights, loss_cfg, ref_lp, batch.ages,
                              num_tokens=batch.num_tokens)
         if not torch.isfinite(loss):
-            optimizer.zero_grad(set_to_none=True)
-            policy.model.eval()
-            return {"skipped": 1.0, "nonfinite": "loss"}
-        loss.backward()
+            finite = False
+            if shard is None:
+                break
+            loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0  # every rank must take part in the backward
+        (scaler.scale(loss) if scaler is not None else loss).backward()
         total_loss += float(loss.item())
         stats.merge(st)
         seq_tokens += batch.seq_tokens
+    if shard is not None:
+        finite = shard.all_finite(finite)
+        total_loss, gap, seq_tokens = shard.reduce_scalars(total_loss, gap, seq_tokens)
+        stats = shard.reduce_stats(stats)
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
+        policy.model.eval()
+        return {"skipped": 1.0, "nonfinite": "loss"}
     params = [p for p in policy.model.parameters() if p.requires_grad]
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor (sharded parameters): the global norm
+        grad_norm = grad_norm.full_tensor()
     policy.model.eval()
     if not torch.isfinite(grad_norm):
+        if scaler is not None:  # an fp16 overflow: the scaler skips the step and lowers its scale
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return {"skipped": 0.0, "fp16_overflow": 1.0, "loss": total_loss}
         optimizer.zero_grad(set_to_none=True)
         return {"skipped": 1.0, "nonfinite": "grad"}
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    if not all(bool(torch.isfinite(p).all()) for p in params):
+    if not all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in params):
         raise FloatingPointError("an update made the policy's weights not finite (the learning rate is far too high: "
                                  "lower --lr); the last checkpoint holds the weights before it")
     out: dict[str, Any] = stats.summary()

@@ -1,0 +1,336 @@
+"""The sharded learner: FSDP2 (``torch.distributed.fsdp.fully_shard``) over ``torchrun`` ranks.
+
+    torchrun --nproc_per_node 8 train.py --model /models/Qwen2.5-7B-Instruct --dtype bf16 ...
+
+Every rank holds one shard of the trained weights, of their gradients and of Adam's state
+(fp32), and computes in ``--dtype`` through FSDP2's mixed-precision policy (bf16 parameters
+gathered layer by layer, gradients reduced in fp32). Rank 0 is the run's driver: it owns the run
+folder, the rollouts (in process, Ray workers or vLLM, from an unsharded sampler copy of the
+policy in the compute dtype), the evaluations and the replay buffer. The other ranks serve its
+commands (:func:`serve`):
+
+- ``update``: rank 0 broadcasts one update's records with their PER weights and ages; every
+  rank takes every ``world``-th training sequence of it (:class:`Shard`), with the *whole*
+  batch's token count as the token-mean denominator, so the per-rank losses sum to the one-
+  process loss, and FSDP2 sums (not averages) the gradients across ranks. Statistics are
+  reduced exactly (sums, maxima; the loss statistics merged as a whole). The replay buffer has
+  one owner, so sampling, priorities and ages are those of a one-process run.
+- ``gather``: the trained weights gathered (full, to rank 0's CPU, layer by layer), loaded into
+  rank 0's sampler; with LoRA only the adapters travel.
+- ``save``: ``torch.distributed.checkpoint`` writes every rank's shards of the weights and the
+  optimizer into the checkpoint (``sharded/``), beside rank 0's files; a resume reads them back
+  on any number of ranks.
+
+Every rank runs the same number of forward and backward passes per update (a rank with fewer
+sequences runs empty micro-batches), scoring each sequence in one full forward
+(:func:`learner.prefix.full_logprobs`): the shared-prefix passes make a data-dependent number
+of model calls, which collective communication cannot follow. NCCL on GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+#: Seconds a rank waits in a collective (rank 0's evaluations and rollouts happen in between).
+DEFAULT_TIMEOUT_S = 4 * 3600
+SHARDED_DIR = "sharded"
+
+
+def world_size() -> int:
+    """Processes of this run (``torchrun`` sets ``WORLD_SIZE``); 1 without torchrun."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def is_distributed() -> bool:
+    return world_size() > 1
+
+
+def init(device: str) -> torch.device:
+    """Join the process group (NCCL for CUDA devices, gloo for the CPU) and return this rank's
+    device (``cuda:LOCAL_RANK`` for ``--device cuda``/``auto`` with GPUs)."""
+    import torch.distributed as dist
+
+    from agents.policy import resolve_device
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    chosen = resolve_device(device)
+    if chosen.type == "cuda":
+        chosen = torch.device("cuda", local if chosen.index is None else chosen.index)
+        torch.cuda.set_device(chosen)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=float(os.environ.get("FRESHPER_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo", timeout=timeout)
+    return chosen
+
+
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def broadcast(value: Any = None) -> Any:
+    """Rank 0's ``value`` on every rank (any picklable object); rank 0's commands advance
+    :data:`_phase`."""
+    import torch.distributed as dist
+
+    global _phase
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    if rank() == 0 and isinstance(value, tuple) and value and value[0] in ("start", "stop", "abort"):
+        _phase = {"start": "started", "stop": "stopped", "abort": "stopped"}[value[0]]
+    return box[0]
+
+
+# -- the model ---------------------------------------------------------------------------------
+def decoder_blocks(model) -> list[torch.nn.Module]:
+    """The model's repeated blocks (decoder layers, vision blocks): the HF classes named in its
+    ``_no_split_modules``, each one FSDP unit."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} names no repeated blocks (_no_split_modules) to shard")
+    return blocks
+
+
+def shard_policy(policy, compute_dtype: torch.dtype) -> None:
+    """Shard ``policy.model`` in place with FSDP2: each block, then the root; parameters kept
+    in their (fp32) dtype and gathered in ``compute_dtype`` for each forward; gradients
+    reduced as sums in fp32. The policy then computes without autocast (FSDP2 casts)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+        if compute_dtype != torch.float32 else MixedPrecisionPolicy()
+    for block in decoder_blocks(policy.model):
+        fully_shard(block, mp_policy=mp)
+    fully_shard(policy.model, mp_policy=mp)
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in policy.model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # per-rank losses already sum to the batch's
+            if hasattr(module, "set_force_sum_reduction_for_comms"):
+                module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no pre-multiplied sum
+    policy.compute_dtype = next(policy.model.parameters()).dtype  # no autocast: FSDP2 casts the parameters
+    policy.model.freshper_compute_dtype = compute_dtype
+    policy.sharded = True
+
+
+def full_state(policy, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """The sharded model's full weights on rank 0's CPU (empty elsewhere); a collective.
+    ``trainable_only``: the trainable parameters alone (LoRA adapters)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                       ignore_frozen_params=trainable_only))
+
+
+def save_sharded(policy, optimizer, folder: Path) -> None:
+    """Every rank's shards of the weights and of the optimizer state into ``folder/sharded``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state = {"model": get_model_state_dict(policy.model), "optim": get_optimizer_state_dict(policy.model, optimizer)}
+    dcp.save(state, checkpoint_id=str(Path(folder) / SHARDED_DIR))
+
+
+def load_sharded(policy, optimizer, folder: Path) -> None:
+    """Read what :func:`save_sharded` wrote (on any number of ranks) into the model and optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    path = Path(folder) / SHARDED_DIR
+    if not (path / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder} holds no sharded learner state ({SHARDED_DIR}/.metadata): it was not "
+                                "written by a torchrun run; resume it without torchrun")
+    state = {"model": get_model_state_dict(policy.model), "optim": get_optimizer_state_dict(policy.model, optimizer)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(policy.model, state["model"])
+    set_optimizer_state_dict(policy.model, optimizer, state["optim"])
+
+
+# -- one update across ranks --------------------------------------------------------------------
+@dataclasses.dataclass
+class Shard:
+    """This rank's part of an update and the reductions across ranks (``policy_update``'s
+    ``shard``)."""
+
+    rank: int
+    world: int
+
+    @property
+    def part(self) -> tuple[int, int]:
+        return self.rank, self.world
+
+    def select(self, batches: list, template) -> list:
+        """Pad this rank's micro-batches to the most any rank has, with empty ones (a sequence
+        with nothing to score), so every rank runs as many forward and backward passes.
+        ``template()`` gives a micro-batch of the update to copy a sequence from where this
+        rank has none."""
+        import torch.distributed as dist
+
+        count = torch.tensor([len(batches)], dtype=torch.long)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        if len(batches) >= int(count):
+            return batches
+        filler = _empty_batch(batches[0] if batches else template())
+        return batches + [filler] * (int(count) - len(batches))
+
+    def all_finite(self, finite: bool) -> bool:
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if finite else 0], dtype=torch.long)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def reduce_scalars(self, loss: float, gap: float, seq_tokens: int) -> tuple[float, float, int]:
+        import torch.distributed as dist
+
+        sums = torch.tensor([loss, float(seq_tokens)], dtype=torch.float64)
+        dist.all_reduce(sums)
+        top = torch.tensor([gap], dtype=torch.float64)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return float(sums[0]), float(top[0]), int(sums[1])
+
+    def reduce_stats(self, stats):
+        import torch.distributed as dist
+
+        from learner.loss import LossStats
+
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, stats)
+        merged = LossStats()
+        for part in parts:
+            merged.merge(part)
+        return merged
+
+
+def _empty_batch(source):
+    """A micro-batch that scores nothing: one sequence of ``source`` with its loss mask zeroed."""
+    from learner.batch import Batch
+
+    sample = source.samples[0]
+    empty = dataclasses.replace(sample, loss_mask=np.zeros_like(sample.loss_mask))
+    zeros = torch.zeros_like(source.mask[:1])
+    return Batch(samples=[empty], images=[source.images[0]], mask=zeros,
+                 behavior_logprobs=torch.zeros_like(source.behavior_logprobs[:1]),
+                 advantages=torch.zeros(1), weights=torch.zeros(1), ages=torch.zeros(1),
+                 num_tokens=source.num_tokens)
+
+
+def encode_update(trajs: Sequence, weights, ages, on_policy: bool, base_lr: float) -> dict[str, Any]:
+    """One update's records and settings as plain data for :func:`broadcast`."""
+    return {"records": [t.to_bytes() for t in trajs], "weights": np.asarray(weights, dtype=np.float64),
+            "ages": np.asarray(ages, dtype=np.float64), "on_policy": bool(on_policy), "base_lr": float(base_lr)}
+
+
+def decode_update(message: dict[str, Any]) -> tuple[list, np.ndarray, np.ndarray, bool, float]:
+    from agents.record import Trajectory
+
+    return ([Trajectory.from_bytes(b) for b in message["records"]], message["weights"], message["ages"],
+            message["on_policy"], message["base_lr"])
+
+
+class ShardedLearner:
+    """Rank 0's handle on the sharded learner: each call is a command every rank carries out.
+
+    ``policy`` is this rank's sharded policy, ``sampler`` rank 0's unsharded copy that plays
+    and evaluates; ``update_fn(trajs, weights, ages, on_policy, shard)`` runs one update on
+    this rank (``train.py``'s, with its loss settings).
+    """
+
+    def __init__(self, policy, sampler, state, update_fn) -> None:
+        self.policy, self.sampler, self.state, self.update_fn = policy, sampler, state, update_fn
+        self.world = world_size()
+
+    def update(self, trajs: Sequence, weights, ages, on_policy: bool) -> dict[str, Any]:
+        message = encode_update(trajs, weights, ages, on_policy, self.state.scheduler.base_lrs[0])
+        broadcast(("update", message))
+        return run_update(self, message)
+
+    def gather(self) -> None:
+        """Load the trained weights into rank 0's sampler."""
+        broadcast(("gather", None))
+        gather_into(self.policy, self.sampler)
+
+    def save(self, folder: Path) -> None:
+        broadcast(("save", str(folder)))
+        save_sharded(self.policy, self.state.optimizer, folder)
+
+    def stop(self) -> None:
+        if _phase == "started":
+            broadcast(("stop", None))
+
+
+def run_update(learner, message: dict[str, Any]) -> dict[str, Any]:
+    trajs, weights, ages, on_policy, base_lr = decode_update(message)
+    if learner.state.scheduler.base_lrs[0] != base_lr:
+        learner.state.set_lr(base_lr)
+    return learner.update_fn(trajs, weights, ages, on_policy, Shard(rank(), world_size()))
+
+
+def gather_into(policy, sampler) -> None:
+    """The collective weight gather; on rank 0 the weights land in ``sampler``'s model."""
+    from agents.lora import has_lora
+
+    lora = has_lora(policy.model)
+    state = full_state(policy, trainable_only=lora)
+    if sampler is None or rank() != 0:
+        return
+    with torch.no_grad():
+        own = sampler.model.state_dict()
+        for key, value in state.items():
+            if key not in own:
+                raise KeyError(f"the sampler has no tensor {key!r}")
+            own[key].copy_(value)
+    if not lora:
+        missing = set(own) - set(state)
+        tied = {k for k in missing if "lm_head" in k}
+        if missing - tied:
+            raise KeyError(f"the gathered weights lack {sorted(missing - tied)[:3]}")
+
+
+def serve(learner) -> None:
+    """A non-zero rank's loop: carry out rank 0's commands until it says stop."""
+    while True:
+        command, payload = broadcast()
+        if command == "update":
+            run_update(learner, payload)
+        elif command == "gather":
+            gather_into(learner.policy, None)
+        elif command == "save":
+            save_sharded(learner.policy, learner.state.optimizer, Path(payload))
+        elif command in ("stop", "abort"):
+            return
+        else:  # pragma: no cover - rank 0 sends only the commands above
+            raise RuntimeError(f"unknown command from rank 0: {command!r}")
+
+
+#: Rank 0's progress in the command protocol: None, "started" (the other ranks build their
+#: shards and serve), "stopped" (they have left).
+_phase: str | None = None
+
+
+def finish() -> None:
+    """Rank 0: release the other ranks whatever happened (``abort`` before the start was
+    broadcast, ``stop`` after); every rank: leave the process group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if rank() == 0 and _phase is None:
+        broadcast(("abort", None))
+    elif rank() == 0 and _phase == "started":
+        broadcast(("stop", None))
+    dist.destroy_process_group()
