@@ -31,13 +31,36 @@ _FORMAT_VERSION = 1
 _CONFIG_KEYS = ("capacity", "mode", "alpha", "tau", "beta", "beta_final", "beta_anneal_steps", "eps", "is_target", "is_normalize")
 
 
-class ReplaySample(NamedTuple):
-    """One sampled batch; unpacks as ``items, indices, weights, ages``."""
-
+class _SampleFields(NamedTuple):
     items: list[Any]
     indices: np.ndarray  # int64 item ids (stable across evictions), for ``update_priorities``
     weights: np.ndarray  # float64 importance-sampling weights, max 1
     ages: np.ndarray  # float64 ``step - t_i``, optimizer steps since collection
+
+
+class ReplaySample(_SampleFields):
+    """One sampled batch; unpacks as ``items, indices, weights, ages``.
+
+    How each item came to be drawn is kept beside them, as attributes (float64, one per drawn
+    item, computed from the state the draw used; nothing random): ``probabilities``, the
+    sampling probability ``P(i)`` at ``step`` over the whole buffer; ``base_priorities``, ``p_i``
+    (floored at ``eps``); ``freshness``, the age factor ``exp(-age / tau)`` (1 in modes without
+    an age decay), so ``P(i) ∝ (p_i * freshness_i) ** alpha`` (``p_i ** 0`` in ``uniform``).
+    """
+
+    probabilities: np.ndarray
+    base_priorities: np.ndarray
+    freshness: np.ndarray
+
+    def __new__(cls, items: list[Any], indices: np.ndarray, weights: np.ndarray, ages: np.ndarray,
+                probabilities: np.ndarray | None = None, base_priorities: np.ndarray | None = None,
+                freshness: np.ndarray | None = None) -> "ReplaySample":
+        self = super().__new__(cls, items, indices, weights, ages)
+        n = len(indices)
+        self.probabilities = np.full(n, np.nan) if probabilities is None else probabilities
+        self.base_priorities = np.full(n, np.nan) if base_priorities is None else base_priorities
+        self.freshness = np.ones(n) if freshness is None else freshness
+        return self
 
 
 class ReplayBuffer:
@@ -272,7 +295,10 @@ class ReplayBuffer:
             weights = np.exp(key, out=key)
             ages = self._t[slots]
             np.subtract(step, ages, out=ages)
-            return ReplaySample(self._items[slots].tolist(), self._ids[slots], weights, ages)
+            probabilities = self._sum.leaves[slots] / total
+            freshness = np.exp(-ages / self.tau) if self.mode in ("fresh", "refresh") else np.ones(len(slots))
+            return ReplaySample(self._items[slots].tolist(), self._ids[slots], weights, ages,
+                                probabilities, self._p[slots], freshness)
 
     def _order(self) -> np.ndarray:
         """Stored slots from oldest to newest."""
