@@ -94,7 +94,9 @@ from learner.checkpoint import (CheckpointError, checkpoint_name, clean_stale_te
                                 resolve_resume, save_checkpoint, verify_checkpoint)
 from learner.cli import dataclass_parser, load_config_file, replace_checked  # noqa: E402
 from learner.loss import LossConfig  # noqa: E402
+from learner.replay_log import NullReplayLog, open_replay_log  # noqa: E402
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize, task_turn_diagnostics  # noqa: E402
+from learner.trackers import parse_report_to  # noqa: E402
 from learner.seeds import EVAL_SEED_BASE, MAX_RUN_SEED, VALID_SEED_BASE, train_seed  # noqa: E402
 from learner import distributed  # noqa: E402
 from learner.state import ReplaySettings, TrainerState  # noqa: E402
@@ -296,7 +298,11 @@ class Config:
     resume: str | None = None
     """continue from a checkpoint, a checkpoints/ folder or a run folder"""
     tensorboard: bool = True
-    """write TensorBoard events to runs/<name>/tensorboard"""
+    """write TensorBoard events to runs/<name>/tensorboard (--no-tensorboard: leave TensorBoard out of --report-to)"""
+    report_to: str | None = None
+    """experiment trackers that get the metrics and the replay figures, comma-separated: tensorboard, wandb (offline unless WANDB_API_KEY or WANDB_MODE=online), trackio (its local store), or none; default tensorboard (learner/trackers.py)"""
+    replay_log_mb: float = 64.0
+    """cap of runs/<name>/replay_log, the per-update record of which buffer items were replayed (ids, ages, priorities, probabilities, IS weights, advantages, token IS ratios) that the viewer's replay page reads, in MiB: past it the oldest iterations are deleted (learner/replay_log.py); 0: none"""
     progress: bool = True
     """show a progress bar"""
     gifs: int = 4
@@ -439,6 +445,7 @@ def validate(cfg: Config) -> None:
         (cfg.tau_signal in ("ess", "clip"), f"--tau-signal must be ess|clip, got {cfg.tau_signal!r}"),
         (0.0 < cfg.tau_target_clip < 1.0, "--tau-target-clip must be in (0, 1)"),
         (cfg.tau != "auto" or cfg.replay == "fresh", "--tau auto needs --replay fresh"),
+        (math.isfinite(cfg.replay_log_mb) and cfg.replay_log_mb >= 0, "--replay-log-mb must be >= 0 (0: no replay log)"),
         (cfg.replay == "none" or (cfg.buffer_capacity >= 1 and cfg.alpha >= 0),
          "--buffer-capacity must be >= 1 and --alpha >= 0"),
         (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
@@ -546,6 +553,7 @@ class Run:
     ref: Any = None
     skip_span: tuple[int, int] | None = None  # token ids (open, close) of spans out of the loss
     sharded: Any = None  # learner.distributed.ShardedLearner under torchrun (``policy`` is then rank 0's sampler)
+    replay_log: Any = field(default_factory=NullReplayLog)  # learner.replay_log.ReplayLog (no-op without replay)
     start_report: dict[str, Any] = field(default_factory=dict)
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     wall_start: float = field(default_factory=time.monotonic)
@@ -555,6 +563,7 @@ class Run:
             self.sharded.stop()  # the other ranks leave their command loop
         self.collector.close()
         self.evaluator.close()
+        self.replay_log.close()
         self.metrics.close()
         self.lock.release()
 
@@ -695,7 +704,12 @@ def setup(cfg: Config) -> Run:
         record_environment(run_dir, torch.get_num_threads(), update_threads,
                            None if resume is None else int(manifest["iteration"]), str(policy.device))
         metrics = MetricsLogger(run_dir, cfg.tensorboard,
-                                resume_iteration=None if resume is None else int(manifest["iteration"]))
+                                resume_iteration=None if resume is None else int(manifest["iteration"]),
+                                report_to=parse_report_to(cfg.report_to, cfg.tensorboard))
+        replay_log = open_replay_log(run_dir, replay=cfg.replay, max_mb=cfg.replay_log_mb, reporter=metrics,
+                                     resume_iteration=None if resume is None else int(manifest["iteration"]),
+                                     header={"alpha": cfg.alpha, "tau": cfg.tau, "replay_ratio": cfg.replay_ratio,
+                                             "clip": [cfg.clip_low, cfg.clip_high], "env_id": cfg.env_id})
         collector = build_collector(policy, model_path, training, seed=cfg.seed, workers=cfg.rollout_workers,
                                     shards=cfg.rollout_shards, asynchronous=cfg.async_collect,
                                     max_staleness=cfg.max_staleness, steps_per_iteration=steps_per_iteration(cfg),
@@ -714,7 +728,8 @@ def setup(cfg: Config) -> Run:
                                              update_function(cfg, learner_policy, state, run_dir, skip_span))
     run = Run(cfg, run_dir, policy, state, collector,
               rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1), metrics, loss_config(cfg),
-              update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner)
+              update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner,
+              replay_log=replay_log)
     if resume is not None:
         for row in read_metrics(run_dir / "metrics.jsonl"):
             if row.get("kind") == "eval" and str(row.get("phase")).startswith("baseline"):
@@ -922,7 +937,7 @@ def write_checkpoint(run: Run) -> Path:
     return path
 
 
-def update(run: Run, trajs: list, weights, ages, on_policy: bool) -> dict[str, Any]:
+def update(run: Run, trajs: list, weights, ages, on_policy: bool, observe=None) -> dict[str, Any]:
     from learner.update import policy_update
 
     cfg = run.cfg
@@ -932,7 +947,7 @@ def update(run: Run, trajs: list, weights, ages, on_policy: bool) -> dict[str, A
         return policy_update(run.policy, run.ref, run.state.optimizer, run.state.scheduler, trajs, weights, ages,
                              loss_cfg=run.loss_cfg, temperature=cfg.temperature, micro_batch=cfg.micro_batch,
                              max_grad_norm=cfg.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span,
-                             scaler=run.state.scaler)
+                             scaler=run.state.scaler, observe=observe)
 
 
 def base_priorities(cfg: Config, records: list) -> np.ndarray:
@@ -982,13 +997,15 @@ def iteration(run: Run) -> dict[str, Any]:
     if buffer is not None and good:
         for version in sorted({r.policy_version for r in good}):
             part = [r for r in good if r.policy_version == version]
-            buffer.add(part, base_priorities(cfg, part), step=version)
+            run.replay_log.added(it, version, buffer.add(part, base_priorities(cfg, part), step=version), part)
     c.global_step += int(stepped(upd))
     t_buffer = time.monotonic()
     replays = []
     for _ in range(cfg.replay_ratio if buffer is not None else 0):
         batch = buffer.sample(min(cfg.replay_batch or cfg.tasks_per_iter * cfg.group_size, len(buffer)), step=c.global_step)
-        replays.append(update(run, list(batch.items), batch.weights, batch.ages, on_policy=False))
+        replays.append(update(run, list(batch.items), batch.weights, batch.ages, on_policy=False,
+                              observe=run.replay_log.observer(batch.items)))
+        run.replay_log.drawn(it, c.global_step, batch, replays[-1], buffer.tau)
         c.global_step += int(stepped(replays[-1]))
         if run.state.tau_controller is not None and run.state.tau_controller.observe(
                 replays[-1].get(run.state.tau_controller.metric)):
@@ -1003,6 +1020,8 @@ def iteration(run: Run) -> dict[str, Any]:
     c.iteration += 1
     c.episodes += len(records)
     c.rl_seconds += t3 - t0
+    if buffer is not None:
+        run.replay_log.end_iteration(it, c, buffer, upd, run.state.tau_controller)
     return log_row(run, records, collected, upd, replays, (t0, t1, t2, t_buffer, t3))
 
 

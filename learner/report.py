@@ -24,13 +24,18 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    """Appends metric lines to ``metrics.jsonl`` and mirrors numbers to TensorBoard.
+    """Appends metric lines to ``metrics.jsonl`` and mirrors numbers to the experiment trackers
+    (``report_to``: :func:`learner.trackers.parse_report_to`'s names; default TensorBoard, or
+    none with ``tensorboard=False``).
 
     On resume, lines past the checkpoint's iteration (written after the checkpoint by the run
     that was killed) are dropped so the file reads as if the run had never stopped.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, resume_iteration: int | None = None) -> None:
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, resume_iteration: int | None = None,
+                 report_to: list[str] | None = None) -> None:
+        from learner.trackers import open_trackers, parse_report_to
+
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_iteration is not None and self.path.exists():
@@ -43,30 +48,36 @@ class MetricsLogger:
         elif resume_iteration is None and self.path.exists():
             self.path.unlink()
         self._fh = open_nofollow(self.path, "a")  # a planted link is refused, not written through
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
-            except ImportError as exc:  # tensorboard is a dependency, but keep training without it
-                logger.warning("TensorBoard logging disabled: %s", exc)
+        names = report_to if report_to is not None else parse_report_to(None, tensorboard)
+        try:
+            self.trackers = open_trackers(run_dir, names)
+        except BaseException:
+            self._fh.close()
+            raise
 
     def log(self, record: dict[str, Any]) -> None:
-        """Write one line; numeric entries also go to TensorBoard as ``<kind>/<name>``."""
+        """Write one line; numeric entries also go to the trackers as ``<kind>/<name>``."""
         self._fh.write(json.dumps(record, default=float) + "\n")
         self._fh.flush()
-        if self._tb is not None:
+        if self.trackers:
             step = int(record.get("episodes", record.get("iteration", 0)))
             kind = record.get("kind", "train")
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("iteration", "episodes"):
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+            self.report({f"{kind}/{key}": value for key, value in record.items()
+                         if isinstance(value, (int, float)) and not isinstance(value, bool)
+                         and key not in ("iteration", "episodes")}, step)
+
+    def report(self, scalars: dict[str, float], step: int, histograms: dict[str, Any] | None = None) -> None:
+        """Send numbers (and histograms of values) to the trackers only, at ``step`` (training
+        episodes): the replay log's figures."""
+        for tracker in self.trackers:
+            tracker.log(scalars, int(step))
+            for key, values in (histograms or {}).items():
+                tracker.histogram(key, values, int(step))
 
     def close(self) -> None:
         self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ def stepped(stats: dict[str, Any]) -> bool:
 def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: Sequence[float] | np.ndarray,
                   ages: Sequence[float] | np.ndarray, *, loss_cfg: LossConfig, temperature: float = 1.0,
                   micro_batch: int = 256, max_grad_norm: float = 1.0, on_policy: bool,
-                  skip_span: tuple[int, int] | None = None, scaler=None, shard=None) -> dict[str, Any]:
+                  skip_span: tuple[int, int] | None = None, scaler=None, shard=None, observe=None) -> dict[str, Any]:
     """One optimizer step of the GRPO loss on ``trajs`` (every sampled token carries its
     sample's advantage and its trajectory's PER weight and age).
 
@@ -60,6 +60,9 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     overflowing step is skipped and the loss scale lowered, counted in ``fp16_overflow``, not
     as a non-finite update). ``shard``: in a sharded learner (:mod:`learner.distributed`), this
     rank's part of the batch and the reductions across ranks; None in one process.
+    ``observe``: called as ``observe(batch, logp, behavior_logp)`` with each micro-batch's
+    detached log-probs before the step (the replay log reads the replay-time IS ratios there);
+    it changes nothing.
 
     Returns statistics; ``skipped`` is 1 and ``nonfinite`` names the culprit when the loss or
     gradient was not finite (then no step is taken and the gradients are cleared).
@@ -79,6 +82,8 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
         if on_policy:
             gap = max(gap, float(((logp.detach() - mu).abs() * batch.mask).max().item()))
             mu = logp.detach()
+        if observe is not None:
+            observe(batch, logp.detach(), mu)
         ref_lp = reference_logprobs(ref, batch, temperature) if loss_cfg.kl_coef != 0.0 else None
         loss, st = grpo_loss(logp, mu, batch.mask, batch.advantages, batch.weights, loss_cfg, ref_lp, batch.ages,
                              num_tokens=batch.num_tokens)

@@ -1,0 +1,179 @@
+"""The replay log (learner/replay_log.py) over real tiny runs: every replay update's drawn items
+with their ages, priorities, freshness, probabilities, IS weights, advantages and token ratios,
+agreeing with what the buffer and the learner computed (metrics.jsonl) and changing nothing of
+it; resumable, readable after a torn write, bounded by its cap. Also the viewer's reader of it
+(agents/view/replay.py) and the sample details the buffer now returns."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny_run
+from learner.replay_log import (AGE_EDGES, SEGMENTS, ReplayLog, bucket_of, read_members, read_replay_log)
+from replay import ReplayBuffer
+
+REPLAY = dict(replay="fresh", replay_batch=4, buffer_capacity=12)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-iteration run with --replay fresh (the buffer evicts in its last iteration) and the
+    same run without its replay log."""
+    root = tmp_path_factory.mktemp("replay-log")
+    make_tiny_run(root, "fresh", iterations=4, **REPLAY)
+    make_tiny_run(root, "nolog", iterations=4, replay_log_mb=0, **REPLAY)
+    return root
+
+
+def _metrics(run: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_sample_says_how_each_item_was_drawn_without_drawing_more() -> None:
+    buf = ReplayBuffer(8, tau=3.0, alpha=0.7, seed=1)
+    buf.add(list("abcdef"), [1, 2, 3, 4, 5, 6], step=0)
+    buf.add(list("gh"), [0.5, 1], step=4)
+    state = buf.rng.bit_generator.state
+    s = buf.sample(5, 6)
+    twin = np.random.default_rng(1)
+    twin.bit_generator.state = state
+    twin.random(5)
+    assert buf.rng.bit_generator.state == twin.bit_generator.state  # one draw of uniforms, as before
+    items, ids, weights, ages = s  # still unpacks as four
+    all_ids, probs = buf.probabilities(6)
+    assert np.allclose(s.probabilities, probs[np.searchsorted(all_ids, ids)], rtol=1e-12)
+    assert np.allclose(s.freshness, np.exp(-ages / 3.0))
+    base = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 0.5, "h": 1}
+    assert s.base_priorities.tolist() == [base[i] for i in items]
+    p = (s.base_priorities * s.freshness) ** 0.7  # P(i) is proportional to (p_i * freshness_i)^alpha
+    assert np.allclose(p / s.probabilities, p[0] / s.probabilities[0])
+    per = ReplayBuffer(8, mode="per", seed=0)
+    per.add(list("ab"), [1, 3], step=0)
+    assert per.sample(4, 10).freshness.tolist() == [1.0] * 4
+
+
+def test_every_replay_update_is_logged_as_the_learner_saw_it(runs: Path) -> None:
+    rows = read_replay_log(runs / "fresh")
+    header = rows[0]
+    assert header["type"] == "header" and header["age_edges"] == list(AGE_EDGES)
+    episodes = {r["id"]: r for r in rows if r["type"] == "episode"}
+    draws = [r for r in rows if r["type"] == "draw"]
+    iterations = [r for r in rows if r["type"] == "iteration"]
+    assert sorted(episodes) == list(range(16)) and len(draws) == 8 and [r["iteration"] for r in iterations] == [1, 2, 3, 4]
+    train = {r["iteration"]: r for r in _metrics(runs / "fresh") if r["kind"] == "train"}
+    for d in draws:
+        assert d["step"] >= 1 and len(d["ids"]) == 4
+        for pos, i in enumerate(d["ids"]):
+            ep = episodes[i]
+            assert ep["iteration"] <= d["iteration"]  # drawn only once collected
+            assert d["ages"][pos] == d["step"] - ep["step"]
+            assert d["fresh"][pos] == pytest.approx(math.exp(-d["ages"][pos] / d["tau"]), rel=1e-6)
+            assert d["base"][pos] == pytest.approx(abs(ep["return"]) + 1e-2)  # --priority return, eps 0.01
+            assert len(d["adv"][pos]) == len(ep["samples"])
+            # one replay-time log ratio per sampled token of every sample
+            assert [len(r) for r in d["log_ratio"][pos]] == [sum(len(run) for run in s["ids"]) for s in ep["samples"]]
+        assert max(d["weight"]) == 1.0 and 0 < sum(d["prob"]) <= 1 + 1e-9
+        ratios = [math.exp(x) for item in d["log_ratio"] for s in item for x in s]
+        assert max(ratios) == pytest.approx(d["stats"]["ratio_max"], rel=1e-4)  # the learner's own ratios
+        assert min(ratios) == pytest.approx(d["stats"]["ratio_min"], rel=1e-4)
+    for r in iterations:  # the buffer's histogram and each bucket's IS ESS as metrics.jsonl has them
+        m = train[r["iteration"]]
+        assert r["buffer"]["hist"] == m["buffer_age_hist"] and r["tau"] == m["tau"]
+        its = [d for d in draws if d["iteration"] == r["iteration"]]
+        for key in [k for k in m if k.startswith("ess/age_") and any(k in d["stats"] for d in its)]:
+            assert np.mean([d["stats"][key] for d in its if key in d["stats"]]) == pytest.approx(m[key], abs=2e-6)
+        assert np.mean([d["stats"]["grad_norm"] for d in its]) == pytest.approx(m["replay_grad_norm"], abs=2e-6)
+        assert max(d["stats"]["ratio_max"] for d in its) >= m["replay_ratio_max"] - 1e-6
+        assert r["on_policy"]["tokens"] == m["tokens"]
+
+
+def test_the_log_changes_nothing_the_run_computes(runs: Path) -> None:
+    assert not (runs / "nolog" / "replay_log").exists()
+    timing = ("time_", "tokens_per_s")
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(timing) and k != "pretrain_seconds"}
+                          for r in rows]
+    assert strip(_metrics(runs / "fresh")) == strip(_metrics(runs / "nolog"))
+
+
+def test_a_resumed_run_logs_as_if_it_had_never_stopped(runs: Path, tmp_path: Path) -> None:
+    import train
+
+    run = tmp_path / "fresh"
+    shutil.copytree(runs / "fresh", run)
+    before = read_replay_log(run)
+    train.train(train.parse_config(["--resume", str(run / "checkpoints" / "iter_000003"), "--iterations", "4"]))
+    after = read_replay_log(run)
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "log_seconds"} for r in rows if r["type"] != "header"]
+    assert drop(after) == drop(before)
+
+
+def test_a_torn_last_iteration_is_skipped_by_both_readers(runs: Path, tmp_path: Path) -> None:
+    from agents.view.replay import figures, read_log
+
+    run = tmp_path / "torn"
+    shutil.copytree(runs / "fresh", run)
+    (seg,) = sorted((run / "replay_log").glob("seg-*.jsonl.gz"))
+    data = seg.read_bytes()
+    members = list(read_members(data))
+    whole = b"".join(raw for raw, _ in members[:-1])
+    seg.write_bytes(whole + members[-1][0][: len(members[-1][0]) // 2])  # killed mid-write
+    assert [r["iteration"] for r in read_replay_log(run) if r["type"] == "iteration"] == [1, 2, 3]
+    log = read_log(run, tmp_path)
+    assert figures(log)["iterations"] == [1, 2, 3]
+    assert any("torn iteration" in p for p in log.problems)
+
+
+def _record(n_turns: int = 3):
+    from agents.record import Sample, Trajectory, Turn
+
+    turns = [Turn("board " * 20, "<answer>Up</answer>", -0.1, True) for _ in range(n_turns)]
+    samples = [Sample(np.arange(12), [0] * 8 + [1] * 4, np.linspace(-1, 0, 12)) for _ in range(n_turns)]
+    return Trajectory("freshper/FrozenLake-v0", 0, 0, turns, samples, -0.3, False, 0)
+
+
+def test_the_cap_keeps_the_newest_iterations(tmp_path: Path) -> None:
+    cap = 24_000
+    log = ReplayLog(tmp_path, max_bytes=cap)
+    buf = ReplayBuffer(64, seed=0)
+    counters = SimpleNamespace(global_step=0, episodes=0)
+    rng = np.random.default_rng(0)
+    sizes = []
+    for it in range(60):
+        recs = [_record(int(rng.integers(1, 6))) for _ in range(8)]
+        log.added(it, counters.global_step, buf.add(recs, np.ones(8), step=counters.global_step), recs)
+        sample = buf.sample(4, counters.global_step + 1)
+        log.drawn(it, counters.global_step + 1, sample, {"grad_norm": 0.5, "tokens": 10.0}, buf.tau)
+        counters.global_step += 2
+        counters.episodes += 8
+        log.end_iteration(it, counters, buf, {"grad_norm": 1.0, "tokens": 30.0})
+        sizes.append(sum(p.stat().st_size for p in log.segments()))
+    log.close()
+    per_iteration = sizes[0]
+    assert max(sizes) <= cap + SEGMENTS * per_iteration and len(log.segments()) <= SEGMENTS
+    kept = [r["iteration"] for r in read_replay_log(tmp_path) if r["type"] == "iteration"]
+    assert kept == list(range(kept[0], 61)) and kept[0] > 1  # the oldest went, the newest stayed, in order
+
+
+def test_the_viewer_reads_a_logged_episode_and_its_replays(runs: Path) -> None:
+    from agents.view.replay import episode, figures, read_log
+
+    log = read_log(runs / "fresh", runs)
+    fig = figures(log)
+    top = fig["top"][0]
+    rec, row, replays = episode(log, top["id"], runs)
+    assert len(replays) == top["times"] and [r.age for r in replays] == top["ages"]
+    draws = [d for d in read_replay_log(runs / "fresh") if d["type"] == "draw" and top["id"] in d["ids"]]
+    expected = [(d["iteration"], d["weight"][p]) for d in draws for p, i in enumerate(d["ids"]) if i == top["id"]]
+    assert [(r.iteration, r.weight) for r in replays] == expected
+    assert rec.num_turns == len(row["turns"]) and [t.reply for t in rec.turns] == [t[1] for t in row["turns"]]
+    for its, hist in zip(fig["iterations"], fig["drawn_hist"]):
+        ages = [a for d in read_replay_log(runs / "fresh") if d["type"] == "draw" and d["iteration"] == its for a in d["ages"]]
+        assert hist == np.bincount(bucket_of(ages), minlength=len(AGE_EDGES)).tolist()
