@@ -256,3 +256,30 @@ def test_dtype_and_lora_settings_are_checked_before_any_work(tmp_path: Path, cap
                        "--runs-root", str(tmp_path)]) == 2
     assert "pretrain --model in a run of its own" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_fp16_compute_trains_with_a_loss_scale_and_an_overflow_skips_the_step_without_stopping_the_run(
+        tmp_path: Path) -> None:
+    from learner.update import stepped
+
+    path, _, records = _setup("text")
+    policy = Policy.from_pretrained(path, compute_dtype="fp16")
+    opt = torch.optim.Adam(policy.model.parameters(), lr=1e-3)
+    n = len(records)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    # A loss scale far too large: the scaled gradients overflow, the step is skipped, the scale halves.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)
+    stats = policy_update(policy, None, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=LossConfig(),
+                          on_policy=True, scaler=scaler)
+    assert stats["fp16_overflow"] == 1.0 and stats["skipped"] == 0.0 and not stepped(stats)
+    assert scaler.get_scale() == 2.0 ** 126
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    stats = policy_update(policy, None, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=LossConfig(),
+                          on_policy=True, scaler=scaler)
+    assert stepped(stats) and stats["grad_norm"] > 0
+    assert not all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    # A run in fp16 builds its loss scale, trains, and checkpoints it.
+    train.train(tiny_config(tmp_path, run_name="fp16", dtype="fp16", iterations=2, kl_coef=0.0))
+    saved = torch.load(list_checkpoints(tmp_path / "fp16" / "checkpoints")[-1] / "trainer.pt", weights_only=True)
+    assert saved["scaler"] and saved["scaler"]["scale"] > 0
