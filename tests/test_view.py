@@ -301,3 +301,52 @@ def test_a_single_run_folder_is_served_alone(runs: Path) -> None:
         assert "no run called &#39;damaged&#39;" in _get(srv, "/run/damaged", 404)
         assert _get(srv, "/episodes/runs/text/eval/final").count('data-testid="episode-row"') == 2
         assert "no records.jsonl" in _get(srv, "/episodes/runs/damaged/eval/final", 404)
+
+
+def test_play_loads_models_on_the_device_and_dtype_asked(tmp_path: Path) -> None:
+    from agents.view.play import TINY, Sessions
+
+    session = Sessions(dtype="bf16").start(TEXT, 0, TINY)
+    policy = session.player.policy
+    assert policy.model.dtype == torch.bfloat16 and policy.device == torch.device("cpu")
+    session.step_model()
+    assert len(session.trajectory().turns) == 1
+    assert Sessions().start(TEXT, 0, TINY).player.policy.model.dtype == torch.float32  # auto on the CPU: fp32
+    out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path), "--dtype", "fp64"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--dtype must be one of auto|bf16|fp16|fp32" in out.stderr
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path), "--device", "cuda"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "sees no CUDA device" in out.stderr
+
+
+def test_the_replay_page_and_a_replayed_episode_over_http(server: ViewServer, runs: Path) -> None:
+    from learner.replay_log import read_replay_log
+
+    page = _get(server, "/run/text")
+    assert 'href="/replay/text"' in page
+    replay = _get(server, "/replay/text")
+    assert 'id="replay" data-run="text"' in replay and "/static/replay.js" in replay
+    data = httpx.get(server.url + "/api/replay?run=text", timeout=30).json()
+    rows = read_replay_log(runs / "text")
+    its = [r for r in rows if r["type"] == "iteration"]
+    assert data["iterations"] == [r["iteration"] for r in its]
+    assert data["buffer_hist"] == [r["buffer"]["hist"] for r in its]
+    draws = [r for r in rows if r["type"] == "draw"]
+    counts: dict[int, list[float]] = {}
+    for d in draws:
+        for i, a in zip(d["ids"], d["ages"]):
+            counts.setdefault(i, []).append(a)
+    top = data["top"][0]
+    assert top["times"] == max(len(v) for v in counts.values()) and top["ages"] == counts[top["id"]]
+    episode = _get(server, f"/replayed/text?id={top['id']}")
+    ages = re.search(r'data-testid="replay-ages">([^<]*)<', episode).group(1)
+    assert ages == ", ".join(f"{a:.0f}" for a in counts[top["id"]])
+    assert episode.count('data-testid="replay-row"') == top["times"] and "data-ratios=" in episode
+    missing = httpx.get(server.url + "/replayed/text?id=999999", timeout=30)
+    assert missing.status_code == 404 and "no episode 999999" in missing.text
+    (runs / "on-policy").mkdir()
+    (runs / "on-policy" / "config.yaml").write_text("replay: none\n", encoding="utf-8")
+    none = httpx.get(server.url + "/replay/on-policy", timeout=30)
+    assert none.status_code == 404 and "has no replay log: it trains on-policy only" in none.text

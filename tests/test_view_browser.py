@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from agents.record import load_records
+import numpy as np
+
 from conftest import ViewServer, damage_run, make_tiny_run
 
 pytestmark = pytest.mark.browser
@@ -34,12 +36,17 @@ def chromium_path() -> str:
     return path
 
 
+#: The text run's replay: --replay fresh, 4 items per replay update from a buffer of 12, so
+#: over 5 iterations of 4 episodes items age, are drawn repeatedly and are evicted.
+REPLAY = dict(replay="fresh", replay_batch=4, buffer_capacity=12)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A text run of two iterations, a FrozenLakeVision run (its records hold images) and a
-    damaged copy of the text run."""
+    """A text run of five iterations with --replay fresh, a FrozenLakeVision run (its records
+    hold images) and a damaged copy of the text run."""
     root = tmp_path_factory.mktemp("view-browser")
-    make_tiny_run(root, "frozenlake", iterations=2)
+    make_tiny_run(root, "frozenlake", iterations=5, **REPLAY)
     make_tiny_run(root, "frozenlake-vision", env_id="freshper/FrozenLakeVision-v0")
     damage_run(root / "frozenlake", root / "damaged")
     return root
@@ -224,3 +231,127 @@ def test_a_damaged_run_shows_clear_messages_not_a_trace(page, server, runs, shot
     error = page.inner_text("[data-testid=error]")
     assert "cannot play" in error and "model.safetensors" in error and "half-written" in error
     assert "Traceback" not in page.content()
+
+
+# -- the replay -----------------------------------------------------------------------------------
+def replay_rows(run: Path) -> list[dict]:
+    from learner.replay_log import read_replay_log
+
+    return read_replay_log(run)
+
+
+def test_the_replay_page_shows_the_runs_own_age_histograms_and_ess(page, server, runs, shot) -> None:
+    from learner.loss import AGE_BUCKETS, age_bucket_name
+    from learner.replay_log import AGE_EDGES, bucket_of
+
+    run = runs / "frozenlake"
+    rows = replay_rows(run)
+    metrics = {r["iteration"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+               if r["kind"] == "train"}
+    page.goto(server.url + "/run/frozenlake")
+    page.click("[data-testid=replay-link] a")
+    page.wait_for_url("**/replay/frozenlake")
+    page.locator("[data-testid=heat-cell]").first.wait_for(state="attached")
+    its = [r for r in rows if r["type"] == "iteration"]
+    assert page.get_attribute("[data-testid=replay-status]", "data-iterations") == str(len(its)) == "5"
+    names = [f"{AGE_EDGES[b]}+" if b == len(AGE_EDGES) - 1 else
+             (str(AGE_EDGES[b]) if AGE_EDGES[b + 1] - AGE_EDGES[b] == 1 else f"{AGE_EDGES[b]}-{AGE_EDGES[b + 1] - 1}")
+             for b in range(len(AGE_EDGES))]
+
+    def cells(kind: str) -> dict[tuple[int, str], int]:
+        found = page.locator(f"[data-testid=heat-cell][data-kind={kind}]").evaluate_all(
+            "els => els.map(e => [e.dataset.iteration, e.dataset.bucket, e.dataset.count])")
+        return {(int(i), b): int(c) for i, b, c in found}
+
+    buffer, drawn = cells("buffer"), cells("drawn")
+    for r in its:
+        it = r["iteration"]
+        # the buffer's histogram: the log's, which is metrics.jsonl's buffer_age_hist
+        assert r["buffer"]["hist"] == metrics[it]["buffer_age_hist"]
+        assert {b: c for (i, b), c in buffer.items() if i == it} == \
+            {names[b]: c for b, c in enumerate(r["buffer"]["hist"]) if names[b] in {k for (_, k) in buffer}}
+        ages = [a for d in rows if d["type"] == "draw" and d["iteration"] == it for a in d["ages"]]
+        expected = np.bincount(bucket_of(ages), minlength=len(AGE_EDGES))
+        assert {b: c for (i, b), c in drawn.items() if i == it} == \
+            {names[b]: int(c) for b, c in enumerate(expected) if names[b] in {k for (_, k) in drawn}}
+        assert sum(c for (i, _), c in drawn.items() if i == it) == len(ages) == 2 * 4
+    # one iteration's bars: pick iteration 3
+    page.select_option("[data-testid=iteration-select]", "3")
+    bars = page.locator("[data-testid=iter-bar][data-kind=buffer]").evaluate_all(
+        "els => els.map(e => [e.dataset.bucket, +e.dataset.value])")
+    assert {b: v for b, v in bars if v} == {names[b]: c for b, c in enumerate(metrics[3]["buffer_age_hist"]) if c}
+    # ESS by age bucket: the mean over each iteration's replay updates, as metrics.jsonl has it
+    for lo, hi in AGE_BUCKETS:
+        name = age_bucket_name(lo, hi)
+        shown = json.loads(page.get_attribute(f"[data-testid=line][data-chart=ess][data-series='age {name}']", "data-values"))
+        draws = [[d["stats"].get(f"ess/age_{name}") for d in rows if d["type"] == "draw" and d["iteration"] == r["iteration"]]
+                 for r in its]
+        mine = [float(np.mean([v for v in vs if v is not None])) if any(v is not None for v in vs) else None for vs in draws]
+        assert shown == pytest.approx(mine, abs=1e-9)
+        for r, v in zip(its, shown):
+            if v is not None:
+                assert v == pytest.approx(metrics[r["iteration"]][f"ess/age_{name}"], abs=2e-6)
+    share = json.loads(page.get_attribute("[data-testid=line][data-chart=share]", "data-values"))
+    assert share == pytest.approx([1 - metrics[r["iteration"]]["tokens"] / (metrics[r["iteration"]]["tokens"] + sum(
+        d["stats"]["tokens"] for d in rows if d["type"] == "draw" and d["iteration"] == r["iteration"])) for r in its])
+    taus = json.loads(page.get_attribute("[data-testid=line][data-chart=tau]", "data-values"))
+    assert taus == [metrics[r["iteration"]]["tau"] for r in its]
+    grad = json.loads(page.get_attribute("[data-testid=line][data-chart=grad_norm][data-series=on-policy]", "data-values"))
+    assert grad == pytest.approx([metrics[r["iteration"]]["grad_norm"] for r in its], abs=1e-6)
+    shot(page, "replay")
+
+
+def test_a_replayed_episode_shows_its_replay_ages_weights_and_token_ratios(page, server, runs, shot) -> None:
+    rows = replay_rows(runs / "frozenlake")
+    draws = [d for d in rows if d["type"] == "draw"]
+    page.goto(server.url + "/replay/frozenlake")
+    first = page.locator("[data-testid=top-row]").first
+    item = int(first.get_attribute("data-id"))
+    first.locator("a").click()
+    page.wait_for_url(f"**/replayed/frozenlake?id={item}")
+    mine = [(d, p) for d in draws for p, i in enumerate(d["ids"]) if i == item]
+    assert len(mine) >= 2  # the log says it was replayed, more than once
+    assert page.inner_text("[data-testid=replay-ages]") == ", ".join(f"{d['ages'][p]:.0f}" for d, p in mine)
+    shown = page.locator("[data-testid=replay-row]").evaluate_all(
+        "els => els.map(e => [+e.dataset.age, +e.dataset.weight, +e.dataset.probability])")
+    assert shown == [[d["ages"][p], d["weight"][p], d["prob"][p]] for d, p in mine]
+    episode = next(r for r in rows if r["type"] == "episode" and r["id"] == item)
+    assert page.locator("[data-testid=turn]").count() == len(episode["turns"])
+    page.check("input[name=overlay][value=adv]")
+    first_turn = page.locator("[data-testid=turn]").first.locator("[data-testid=reply-tokens] .tok")
+    advs = first_turn.evaluate_all("els => els.map(e => +e.dataset.value)")
+    assert advs == pytest.approx([episode["advantage"] if episode["samples"][0]["adv"] is None
+                                  else episode["samples"][0]["adv"]] * len(advs))
+    # the overlay: the IS ratio of the second replay, token by token, as the learner computed it
+    page.check("input[name=overlay][value=ratio]")
+    page.select_option("[data-testid=overlay-replay]", "1")
+    d, p = mine[1]
+    values = first_turn.evaluate_all("els => els.map(e => +e.dataset.value)")
+    reply_run = episode["samples"][0]["ids"][-1]  # window:0: the turn's reply is its sample's last sampled run
+    expected = [np.exp(x) for x in d["log_ratio"][p][0][-len(reply_run):]]
+    assert values == pytest.approx(expected, rel=1e-9)
+    shot(page, "replayed")
+
+
+def test_the_replay_page_follows_a_run_still_writing_its_log(browser, runs, tmp_path) -> None:
+    from learner.replay_log import read_members
+
+    root = tmp_path / "live-root"
+    live = root / "live"
+    shutil.copytree(runs / "frozenlake", live)
+    (live / "summary.json").unlink()  # not finished: the page polls
+    (seg,) = sorted((live / "replay_log").glob("seg-*.jsonl.gz"))
+    data = seg.read_bytes()
+    members = [raw for raw, _ in read_members(data)]
+    seg.write_bytes(b"".join(members[:3]))  # the header and the first two iterations so far
+    with ViewServer(root) as srv:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        pg = context.new_page()
+        pg.goto(srv.url + "/replay/live")
+        pg.wait_for_function("document.querySelector('[data-testid=replay-status]').dataset.iterations === '2'")
+        with seg.open("ab") as fh:  # the run writes its next iterations
+            fh.write(b"".join(members[3:]))
+        pg.wait_for_function("document.querySelector('[data-testid=replay-status]').dataset.iterations === '5'",
+                             timeout=20_000)
+        assert pg.locator("[data-testid=heat-cell][data-kind=drawn][data-iteration='5']").count() > 0
+        context.close()

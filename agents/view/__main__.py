@@ -20,6 +20,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--play-dir", default=None, help="where saved play episodes go (default: RUNS/play)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for play (default: agents.policy's)")
+    parser.add_argument("--device", default="cpu", help="torch device play loads models on: cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32: the precision play loads models in "
+                                                       "(auto: bf16 on a GPU that supports it, fp32 on the CPU)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("PIL", "httpx", "matplotlib"):
@@ -34,11 +37,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agents.view.runs import ViewError
 
     try:
+        from agents.policy import resolve_device
+        from agents.precision import resolve_dtype
+
+        device = str(resolve_device(args.device))
+        resolve_dtype(args.dtype, device)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         # Any loopback bind (127.0.0.2 too) keeps the Host check: a page elsewhere cannot read the
         # runs through DNS rebinding. The Origin check of POSTs holds for every bind.
         loopback = is_loopback(args.host)
         hosts = [*LOOPBACK_HOSTS, args.host.strip("[]"), f"[{args.host.strip('[]')}]"] if loopback else ["*"]
-        app = create_app(args.runs, args.play_dir, allowed_hosts=hosts)
+        app = create_app(args.runs, args.play_dir, allowed_hosts=hosts, device=device, dtype=args.dtype)
     except ViewError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -57,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
     viewer = app.state.viewer
     print(f"freshper viewer: http://{args.host}:{args.port}/  (runs in {viewer.root}, played episodes saved to "
-          f"{viewer.play_dir}; Ctrl-C stops)", flush=True)
+          f"{viewer.play_dir}; play on {device}, dtype {args.dtype}; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -11,7 +11,12 @@ Pages (docs/view.md shows each):
   and return; ``/episode/<base>/<folder>?n=N`` one episode turn by turn (``base`` is ``runs`` for
   the root or ``plays`` for saved play episodes);
 - ``/play`` picks a task, a seed and a model; ``/play/<id>`` steps the model or a typed reply,
-  and saves the episode as a record and a GIF.
+  and saves the episode as a record and a GIF;
+- ``/replay/<name>`` a run's replay (``<run>/replay_log``): the buffer's and the drawn batches'
+  ages over time, ESS by age bucket, the share of the update from replay, tau and the drift,
+  gradient norm and clip fraction of replay and on-policy updates (``/api/replay?run=`` feeds
+  its plots, polled while the run goes on), the most replayed episodes;
+  ``/replayed/<name>?id=N`` one logged training episode with every replay of it.
 
 Every expected failure (a damaged run folder, unreadable records, an unknown task, a
 half-written checkpoint) is a :class:`~agents.view.runs.ViewError` shown as a message on the
@@ -46,6 +51,7 @@ from starlette.staticfiles import StaticFiles
 
 from agents.safeio import UnsafeFileError, inside, read_regular
 from agents.view import episodes as ep
+from agents.view import replay as rp
 from agents.view.play import MAX_REPLY_CHARS, TINY, Sessions, check_play_options, save_folder
 from agents.view.runs import (MAX_BYTES, RunInfo, ViewError, finite, find_runs, is_run_folder, load_run,
                               newest_model_folder, safe_join)
@@ -77,7 +83,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
 class Viewer:
     """The app's state: the folder it serves, where played episodes are saved, the play sessions."""
 
-    def __init__(self, root: Path, play_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, play_dir: Path | None = None, device: str = "cpu", dtype: str = "auto") -> None:
         root = Path(root).expanduser().resolve()
         if not root.is_dir():
             raise ViewError(f"{root} is not a folder")
@@ -87,7 +93,7 @@ class Viewer:
             self.only, root = root.name, root.parent
         self.root = root
         self.play_dir = Path(play_dir).expanduser().resolve() if play_dir else (root / "play")
-        self.sessions = Sessions()
+        self.sessions = Sessions(device=device, dtype=dtype)
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                                       autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined)
         self.env.filters["fmt"] = _fmt
@@ -203,6 +209,41 @@ class Viewer:
             run = self.run(name)
             out.append({"name": run.name, "rows": finite(run.metrics), "problems": run.metrics_problems})
         return JSONResponse({"runs": out})
+
+    def replay_log(self, run: RunInfo) -> rp.ReplayLog:
+        """A run's replay log, or a 404 :class:`ViewError` saying why there is none."""
+        log = rp.read_log(run.path, self.root)
+        if log is None:
+            why = ("it trains on-policy only (--replay none)" if run.config.get("replay") == "none"
+                   else "it was trained without one (--replay-log-mb 0, or before replay logs existed)")
+            raise ViewError(f"{run.name} has no replay log: {why}", status=404)
+        return log
+
+    def replay_page(self, request: Request) -> Response:
+        """``/replay/<name>``: the run's replay."""
+        run = self.run(request.path_params["name"])
+        log = self.replay_log(run)
+        return self.render("replay.html", run=run, log=log, fig=rp.figures(log))
+
+    def replay_api(self, request: Request) -> Response:
+        """``/api/replay?run=A``: the replay page's figures as strict JSON (NaN -> null)."""
+        run = self.run(request.query_params.get("run", "").strip("/"))
+        log = self.replay_log(run)
+        return JSONResponse({"name": run.name, "finished": run.finished, "problems": log.problems,
+                             **finite(rp.figures(log))})
+
+    def replayed(self, request: Request) -> Response:
+        """``/replayed/<name>?id=N``: a logged training episode and its replays."""
+        run = self.run(request.path_params["name"])
+        log = self.replay_log(run)
+        item_id = _int_param(request, "id", -1)
+        rec, row, replays = rp.episode(log, item_id, self.root)
+        model = newest_model_folder(run)
+        tokenizer = ep.load_tokenizer(model)
+        turns = ep.turn_views(rec, tokenizer, [r.log_ratios for r in replays])
+        clip = log.header.get("clip") or [0.2, 0.2]
+        return self.render("replayed.html", run=run, rec=rec, row=row, turns=turns, replays=replays, item_id=item_id,
+                           tokens_known=tokenizer is not None, clip=clip)
 
     def episodes(self, request: Request) -> Response:
         """``/episodes/<base>/<folder>``: the episodes of a records folder, filtered."""
@@ -485,14 +526,15 @@ class SameOriginPosts:
 
 
 def create_app(root: str | Path, play_dir: str | Path | None = None,
-               allowed_hosts: list[str] | None = None) -> Starlette:
+               allowed_hosts: list[str] | None = None, device: str = "cpu", dtype: str = "auto") -> Starlette:
     """The viewer app serving the run folders under ``root``; played episodes are saved to
     ``play_dir`` (default ``root/play``). ``allowed_hosts`` are the Host names it answers to
-    (default: the loopback names; ``["*"]`` for any)."""
+    (default: the loopback names; ``["*"]`` for any). Play loads models on ``device`` in
+    ``dtype`` (``--device``/``--dtype``)."""
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-    viewer = Viewer(Path(root), Path(play_dir) if play_dir else None)
+    viewer = Viewer(Path(root), Path(play_dir) if play_dir else None, device=device, dtype=dtype)
 
     async def view_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ViewError)
@@ -518,6 +560,9 @@ def create_app(root: str | Path, play_dir: str | Path | None = None,
         Route("/curves/{name:path}", viewer.curves),
         Route("/compare", viewer.compare),
         Route("/api/metrics", viewer.metrics_api),
+        Route("/replay/{name:path}", viewer.replay_page),
+        Route("/api/replay", viewer.replay_api),
+        Route("/replayed/{name:path}", viewer.replayed),
         Route("/episodes/{base}/{folder:path}", viewer.episodes),
         Route("/episode/{base}/{folder:path}", viewer.episode),
         Route("/image/{base}/{folder:path}", viewer.image),

@@ -166,6 +166,9 @@ class TokenView:
     id: int
     text: str
     logprob: float
+    #: The replay-time log IS ratio ``log pi - log mu`` of this token in each replay of its
+    #: episode (None where that update left it out of the loss); empty for episodes never replayed.
+    log_ratios: list[float | None] = field(default_factory=list)
 
     @property
     def prob(self) -> float:
@@ -251,15 +254,25 @@ class TurnView:
         return sum(t.logprob for t in self.tokens) / len(self.tokens) if self.tokens else None
 
 
-def turn_views(rec: Trajectory, tokenizer: Any | None) -> list[TurnView]:
+def turn_views(rec: Trajectory, tokenizer: Any | None,
+               log_ratios: Sequence[Sequence[Sequence[float | None] | None] | None] = ()) -> list[TurnView]:
     """Every turn of a record with its reply tokens and advantage (the sample's own, else the
-    episode's)."""
+    episode's). ``log_ratios``: per replay of the episode, per sample, the log IS ratio of each
+    sampled token in order (the replay log's), attached to the tokens shown."""
     typed = set(rec.info.get("typed_turns", []) or [])
     out = []
     for t, (turn, span) in enumerate(zip(rec.turns, reply_spans(rec))):
         sample = rec.samples[t] if len(rec.samples) == len(rec.turns) else None
         advantage = sample.advantage if sample is not None and sample.advantage is not None else rec.advantage
         tokens = token_views(*span, tokenizer) if span is not None else []
+        if span is not None and log_ratios:
+            k = next(i for i, s in enumerate(rec.samples) if s is span[0])
+            order = np.cumsum(span[0].loss_mask > 0) - 1  # position -> index among the sampled tokens
+            for tok, pos in zip(tokens, range(span[1], span[2])):
+                for per_sample in log_ratios:
+                    values = per_sample[k] if per_sample is not None and k < len(per_sample) else None
+                    j = int(order[pos])
+                    tok.log_ratios.append(values[j] if values is not None and j < len(values) else None)
         out.append(TurnView(t, turn.observation, turn.image_index, turn.reply, turn.reward, turn.action_is_valid,
                             float(advantage), t in typed, tokens))
     return out

@@ -88,10 +88,13 @@ def check_play_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 class PolicyCache:
     """Loaded policies by model folder (a few, least recently used dropped), so sessions on
-    the same checkpoint share one copy; loading checks a checkpoint against its manifest."""
+    the same checkpoint share one copy; loading checks a checkpoint against its manifest.
+    Models load on ``device`` in ``dtype`` (a ``--dtype`` name: auto is bf16 on a GPU that
+    supports it, fp32 on the CPU; :mod:`agents.precision`)."""
 
-    def __init__(self, size: int = 2) -> None:
+    def __init__(self, size: int = 2, device: str = "cpu", dtype: str = "auto") -> None:
         self.size = size
+        self.device, self.dtype = device, dtype
         self._items: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -122,7 +125,7 @@ class PolicyCache:
                 policy, lock = self._items[path]
                 return policy, label, lock
             try:
-                policy = Policy.from_pretrained(path)
+                policy = Policy.from_pretrained(path, device=self.device, dtype=self.dtype)
             except Exception as exc:  # a damaged or foreign folder: say so, keep serving
                 logger.exception("loading %s failed", path)
                 raise ViewError(f"the model at {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
@@ -278,11 +281,11 @@ def _frame(env: Any) -> np.ndarray | None:
 class Sessions:
     """Play sessions by id (the oldest dropped beyond ``limit``)."""
 
-    def __init__(self, limit: int = 16) -> None:
+    def __init__(self, limit: int = 16, device: str = "cpu", dtype: str = "auto") -> None:
         self.limit = limit
         self._items: OrderedDict[str, PlaySession] = OrderedDict()
         self._lock = threading.Lock()
-        self.policies = PolicyCache()
+        self.policies = PolicyCache(device=device, dtype=dtype)
 
     def start(self, env_id: str, seed: int, model: str, *, greedy: bool = True,
               env_kwargs: dict[str, Any] | None = None, max_new_tokens: int = 32) -> PlaySession:

@@ -35,7 +35,8 @@ MAX_BYTES = {"config.yaml": 1 << 20, "metrics.jsonl": 128 << 20, "summary.json":
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json")
 CHECKPOINT_NAME = re.compile(r"^iter_(\d{6,})$")
 #: Folders of a run that are never runs themselves (not descended into when looking for runs).
-_NOT_RUNS = {"checkpoints", "best", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__"}
+_NOT_RUNS = {"checkpoints", "best", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__", "replay_log",
+             "wandb"}
 
 
 #: Settings shown at the top of a run page (the whole config.yaml is below them).
@@ -263,6 +264,12 @@ class RunInfo:
             return stat.S_ISREG(os.lstat(self.path / "curves.png").st_mode)
         except OSError:
             return False
+
+    @property
+    def has_replay_log(self) -> bool:
+        """Whether the run has a replay log (``replay_log/``, written by runs with replay)."""
+        folder = self.path / "replay_log"
+        return folder.is_dir() and not folder.is_symlink()
 
     @property
     def finished(self) -> bool:
