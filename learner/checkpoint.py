@@ -46,7 +46,7 @@ class RunFolderError(ValueError):
 #: Files train.py writes directly in a run folder: a symbolic link at one of these names is
 #: refused when the run starts, so nothing is written through it to the link's target.
 RUN_FILES = (".lock", "config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "summary.txt", "curves.png",
-             "environment.json", "environment.json.tmp")
+             "environment.json", "environment.json.tmp", "replay_log")
 
 
 def _sha256(path: Path) -> str:

@@ -116,8 +116,16 @@ class TokenRatios:
         self.rows = [(i, k, s) for i, t in enumerate(trajs) for k, s in enumerate(t.samples) if s.num_sampled > 0]
         self.out: list[list[list[float | None] | None]] = [[None] * len(t.samples) for t in trajs]
         self.next = 0
+        self.seconds = 0.0  # time spent here, counted in the log's own time
 
     def __call__(self, batch: Any, logp: Any, behavior_logp: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._take(batch, logp, behavior_logp)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _take(self, batch: Any, logp: Any, behavior_logp: Any) -> None:
         lr = (logp.float() - behavior_logp.float()).cpu().numpy()
         mask = batch.mask.cpu().numpy() > 0
         for j, sample in enumerate(batch.samples):
@@ -229,7 +237,7 @@ class ReplayLog:
         self._ratios = None
         self._draws.append(row)
         self._lines.append(json.dumps(row).encode())
-        self.seconds += time.perf_counter() - t0
+        self.seconds += time.perf_counter() - t0 + (ratios.seconds if ratios is not None else 0.0)
 
     def end_iteration(self, it: int, counters: Any, buffer: Any, on_policy: dict[str, Any],
                       tau_controller: Any = None) -> dict[str, Any]:

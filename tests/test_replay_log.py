@@ -177,3 +177,19 @@ def test_the_viewer_reads_a_logged_episode_and_its_replays(runs: Path) -> None:
     for its, hist in zip(fig["iterations"], fig["drawn_hist"]):
         ages = [a for d in read_replay_log(runs / "fresh") if d["type"] == "draw" and d["iteration"] == its for a in d["ages"]]
         assert hist == np.bincount(bucket_of(ages), minlength=len(AGE_EDGES)).tolist()
+
+
+def test_a_linked_replay_log_folder_refuses_the_start(tmp_path: Path) -> None:
+    from learner.checkpoint import RunFolderError, RunLock
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "seg-000000.jsonl.gz").write_bytes(b"keep me")
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / "replay_log").symlink_to(elsewhere)
+    with pytest.raises(RunFolderError, match="replay_log"):
+        RunLock(run)
+    with pytest.raises(OSError, match="symbolic link"):
+        ReplayLog(run, max_bytes=1 << 20)
+    assert (elsewhere / "seg-000000.jsonl.gz").read_bytes() == b"keep me"
