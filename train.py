@@ -70,7 +70,7 @@ def default_omp_wait_policy() -> str:
     idle at start, else ``PASSIVE``. Idle is measured now, over 0.5 s (under half a core busy):
     the 1-minute load average, the fallback where ``/proc/stat`` is missing, stays high for
     minutes after work that has ended, such as ``make``'s own set-up or a test run just before.
-    ``OMP_WAIT_POLICY`` in the environment wins; ``benchmarks/sweep.py`` sets ``PASSIVE`` for
+    ``OMP_WAIT_POLICY`` in the environment wins; ``learner/tools/sweep.py`` sets ``PASSIVE`` for
     runs side by side.
     """
     global BUSY_CORES_AT_START
@@ -166,7 +166,7 @@ class Config:
     """sampling temperature of rollouts (log-probs are taken at the same temperature)"""
 
     tiny_width: int = 128
-    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (benchmarks/search_copy_ceiling.py) and is configs/searchqa.yaml's width; it costs more per step (docs/training.md, "A model twice as wide")"""
+    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (experiments/searchqa/search_copy_ceiling.py) and is configs/searchqa.yaml's width; it costs more per step (docs/training.md, "A model twice as wide")"""
     # -- pretraining on the task's own transitions (learner/pretrain.py) ---------------------
     pretrain_steps: int | None = None
     """pretraining optimizer steps; default 400 for the embedded model (built once and cached), 0 with --model"""

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import gymnasium  # noqa: E402
+import gymnasium
 
-import envs  # noqa: E402,F401  (registers the tasks)
-from envs.sokoban import PRESETS, generate_room  # noqa: E402
+import envs  # noqa: F401  (registers the tasks)
+from envs.sokoban import PRESETS, generate_room
 
 PEER_VENV = ROOT / ".cache" / "bench_venv_envs"
 PEER_REQUIREMENTS = ["gym-sokoban==0.0.6", "gym==0.26.2", "numpy<2"]

@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
-sys.path.insert(0, sys.argv[3])
 from agents.policy import Policy
 from agents.tiny import build_tiny_model
 from learner.pretrain import PretrainConfig, pretrain

@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from envs.base import REASONINGS  # noqa: E402
+from envs.base import REASONINGS
 
 
 def interleaved_step_seconds(jobs: dict, env_id: str, kwargs: dict, rounds: int, seed: int = 0,

@@ -21,9 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from replay import ReplayBuffer  # noqa: E402
-from replay.buffer import REBASE_LOG  # noqa: E402
+from replay import ReplayBuffer
+from replay.buffer import REBASE_LOG
 
 ALPHA, BETA, TAU, INSERT_BATCH, FILL_CHUNK = 0.6, 0.4, 500.0, 64, 10_000
 

@@ -6,7 +6,7 @@
 Runs ``train.py --seed S --replay-ratio K --iterations N`` (the default run otherwise, its
 pretrained model from the cache; no periodic evaluations, a short final one) one at a time,
 the settings alternating so that load drifts hit them alike, and prints from each run's
-``metrics.jsonl`` (``benchmarks/run_stats.py``) the median seconds per iteration of rollouts,
+``metrics.jsonl`` (``learner/tools/run_stats.py``) the median seconds per iteration of rollouts,
 the on-policy update and all replay updates, and the ratio of their sum to the first setting's.
 Run it on an otherwise idle machine.
 """
@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run_stats import stats  # noqa: E402
+from learner.tools.run_stats import stats
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,14 +38,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py sets it, before torch loads OpenMP
 
-import torch  # noqa: E402
+import torch
 
-from agents.policy import Policy, configure_threads  # noqa: E402
-from agents.runner import RolloutConfig  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.policy import Policy, configure_threads
+from agents.runner import RolloutConfig
+from agents.tiny import build_tiny_model
 
 SEARCH = "freshper/SearchQA-v0"
 LAKE = "freshper/FrozenLake-v0"

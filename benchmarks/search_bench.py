@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from envs.search import BM25Retriever, HTTPRetriever, kb  # noqa: E402
+from envs.search import BM25Retriever, HTTPRetriever, kb
 
 
 def synthetic_corpus(path: Path, n: int, seed: int = 0) -> list[str]:

@@ -1,6 +1,6 @@
 """The shared tiny tokenizer against a task's own (``agents.tiny.task_model``), side by side.
 
-    python benchmarks/task_tokenizer_bench.py --env-id freshper/SearchQA-v0 --questions 200 --steps 10 --rounds 3 --threads 1
+    python -m benchmarks.task_tokenizer_bench --env-id freshper/SearchQA-v0 --questions 200 --steps 10 --rounds 3 --threads 1
 
 For the task's embedded model built both ways (the 512-token BPE every task shares, and the one
 that also learned the task's ``tokenizer_text``), prints: tokens per gold answer of
@@ -14,13 +14,10 @@ is left out. Ratios are task / shared.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 VENV = REPO / ".cache" / "bench_venv_trl"
 
 TRL_SCRIPT = r'''

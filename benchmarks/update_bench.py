@@ -19,14 +19,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 
 def main(argv=None) -> None:

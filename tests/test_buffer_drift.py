@@ -1,4 +1,4 @@
-"""benchmarks/buffer_drift.py on real tiny runs: a policy that has not moved scores its buffer's
+"""learner/tools/buffer_drift.py on real tiny runs: a policy that has not moved scores its buffer's
 tokens exactly as they were sampled (KL 0, ESS 1); one trained at a large learning rate does not."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ TINY = dict(tasks_per_iter=4, group_size=4, max_new_tokens=8, pretrain_steps=30,
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("buffer_drift", REPO / "benchmarks" / "buffer_drift.py")
+    spec = importlib.util.spec_from_file_location("buffer_drift", REPO / "learner" / "tools" / "buffer_drift.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

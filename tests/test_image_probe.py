@@ -1,4 +1,4 @@
-"""benchmarks/image_probe.py: the safe-move probe of an image task, from its evaluation records."""
+"""experiments/vision/image_probe.py: the safe-move probe of an image task, from its evaluation records."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _run_folder(root, name, env_id, records):
 
 
 def test_the_image_probe_equals_the_text_probe_of_the_same_episodes(tmp_path, capsys) -> None:
-    from benchmarks import image_probe
+    from experiments.vision import image_probe
 
     seeds = range(1_900_000_000, 1_900_000_060)
     vision_records, _ = _play("freshper/FrozenLakeVision-v0", seeds, random.Random(3))
@@ -58,7 +58,7 @@ def test_the_image_probe_equals_the_text_probe_of_the_same_episodes(tmp_path, ca
 
 
 def test_a_record_the_text_task_does_not_reproduce_is_refused(tmp_path) -> None:
-    from benchmarks import image_probe
+    from experiments.vision import image_probe
 
     records, _ = _play("freshper/FrozenLakeVision-v0", range(5), random.Random(0))
     records[2].episode_return += 1.0
@@ -70,7 +70,7 @@ def test_a_record_the_text_task_does_not_reproduce_is_refused(tmp_path) -> None:
 def test_transcriptions_are_scored_against_the_rebuilt_boards(tmp_path, capsys) -> None:
     """``--reasoning state`` replies write the board before the answer; the probe's last column
     is how often that think tag is the turn's board exactly, read off the replayed text task."""
-    from benchmarks import image_probe
+    from experiments.vision import image_probe
     from envs.base import think_reply
 
     env = envs.make("freshper/FrozenLakeVision-v0", feedback=False)

@@ -1,5 +1,5 @@
-"""benchmarks/minimal_loop.py, the independent GRPO loop the trainer is bisected against, and
-benchmarks/credit_snr.py, the policy gradient's projection on reading the board."""
+"""experiments/minimal_loop/minimal_loop.py, the independent GRPO loop the trainer is bisected against, and
+experiments/board_reading/credit_snr.py, the policy gradient's projection on reading the board."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+SCRIPTS = {"minimal_loop": "experiments/minimal_loop", "credit_snr": "experiments/board_reading"}
+
+
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / SCRIPTS[name] / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

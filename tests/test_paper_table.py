@@ -1,4 +1,4 @@
-"""benchmarks/paper_table.py end to end on a tiny budget: every method, one seed, one task."""
+"""learner/tools/paper_table.py end to end on a tiny budget: every method, one seed, one task."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ TINY = ["--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4", "
 
 def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_path: Path) -> None:
     out, doc = tmp_path / "paper", tmp_path / "docs" / "results.md"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "paper_table.py"), "--out", str(out), "--tasks", "frozenlake",
+    cmd = [sys.executable, "-m", "learner.tools", "paper-table", "--out", str(out), "--tasks", "frozenlake",
            "--seeds", "0", "--jobs", "2", "--iterations", "2", "--doc", str(doc), "--", *TINY]
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=900)
     text = doc.read_text()
@@ -27,7 +27,7 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     assert "| method | on-policy update: gradient norm | replay update: gradient norm |" in text
     assert "| replay update: median gradient norm | replay updates above the clip |" in text
     assert "| none |" not in text.split("The updates of an iteration")[1].split("Sampling mass")[0]  # replay arms only
-    assert "python benchmarks/paper_table.py" in text
+    assert "python -m learner.tools paper-table" in text
     assert "| final - best | curve mean |" in text
     assert "| fresh - per | 1 |" in text and "| per - none | 1 |" in text and "| none - fresh |" not in text
     # along the way: every replay arm against on-policy at each evaluation, from the same start

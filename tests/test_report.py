@@ -74,7 +74,7 @@ def test_paired_summaries_pairs_by_seed_and_refuses_mismatched_seeds(tmp_path, c
 
     import pytest
 
-    from benchmarks import paired_summaries
+    from learner.tools import paired_summaries
 
     def summary(name: str, seed: int, success: float):
         run = tmp_path / name
@@ -100,7 +100,7 @@ def test_paired_summaries_pairs_by_seed_and_refuses_mismatched_seeds(tmp_path, c
 def test_spread_curves_compares_runs_at_one_iteration_on_their_periodic_evaluations(tmp_path, capsys) -> None:
     import json
 
-    from benchmarks import spread_curves
+    from learner.tools import spread_curves
 
     def run(name: str, periodic: list[tuple[int, float]], final: tuple[int, float]):
         folder = tmp_path / name
@@ -128,7 +128,7 @@ def test_spread_curves_compares_runs_at_equal_seconds_of_rl(tmp_path, capsys) ->
     that many seconds of RL, so settings with dearer iterations are compared at equal time."""
     import json
 
-    from benchmarks import spread_curves
+    from learner.tools import spread_curves
 
     def run(name: str, seconds_per_iteration: float):
         folder = tmp_path / name
@@ -154,7 +154,7 @@ def test_spread_curves_reports_when_a_run_first_reaches_the_target(tmp_path, cap
     not count (it is not a point along training), and a run that never gets there says None."""
     import json
 
-    from benchmarks import spread_curves
+    from learner.tools import spread_curves
 
     def run(name: str, periodic: list[float], final: float):
         folder = tmp_path / name

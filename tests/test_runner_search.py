@@ -80,12 +80,12 @@ def test_each_turn_sends_all_episodes_queries_in_one_retriever_call(text_policy)
 
 
 def test_copy_probe_tells_verbatim_searches_and_grounded_answers_from_garbled_ones(text_policy, tmp_path):
-    """benchmarks/search_copy_probe.py on records of the random agent (its searches are parts of
+    """experiments/searchqa/search_copy_probe.py on records of the random agent (its searches are parts of
     the question, its answers spans of the passages) and of a policy that garbles both."""
     import numpy as np
 
     from agents.record import save_records
-    from benchmarks import search_copy_probe as probe
+    from experiments.searchqa import search_copy_probe as probe
     rng = np.random.default_rng(0)
     garbled = iter(["<search>Zqxv Wrrt</search>", "<answer>Qqzz</answer>"] * 20)
     runner = Runner(text_policy, SEARCH, group_size=2, max_new_tokens=8)
@@ -114,9 +114,9 @@ def test_copy_probe_tells_verbatim_searches_and_grounded_answers_from_garbled_on
 
 
 def test_answer_probe_finds_the_passages_candidates_and_a_blind_model_at_the_uniform_share(text_policy):
-    """benchmarks/search_answer_probe.py: the candidates it scores are in the observation and not
+    """experiments/searchqa/search_answer_probe.py: the candidates it scores are in the observation and not
     in the question, and a fresh (blind) model puts about the uniform share of its mass on them."""
-    from benchmarks import search_answer_probe as probe
+    from experiments.searchqa import search_answer_probe as probe
 
     cases = probe.states(12)
     assert len(cases) == 12

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.search_copy_ceiling import cases, greedy_em, sized_model  # noqa: E402
+from experiments.searchqa.search_copy_ceiling import cases, greedy_em, sized_model  # noqa: E402
 
 
 def test_cases_are_prompts_after_a_search_whose_passages_hold_the_answer() -> None:

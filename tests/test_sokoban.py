@@ -558,9 +558,9 @@ def test_a_large_collection_opens_fast_and_skips_a_malformed_level(tmp_path):
 
 
 def test_sokoban_by_length_scores_how_purposeful_the_moves_are():
-    """benchmarks/sokoban_by_length.py's aim numbers on hand-made boards: a step towards the box
+    """experiments/sokoban/sokoban_by_length.py's aim numbers on hand-made boards: a step towards the box
     counts as closer, one away does not; a push towards the goal counts, a blocked move is left out."""
-    from benchmarks.sokoban_by_length import progress
+    from experiments.sokoban.sokoban_by_length import progress
 
     env = SokobanEnv(preset="simple", feedback=False, board="letters")
     far, _ = env.reset(options={"level": "#######\n#@  $.#\n#    #\n#######"})
@@ -576,7 +576,7 @@ def test_sokoban_by_length_scores_how_purposeful_the_moves_are():
 def test_sokoban_by_length_splits_the_solved_rate_by_how_purposeful_the_steps_were():
     """``--by-purpose``: an episode counts as purposeful when >= 3/4 of its plain steps go towards
     the box, aimless when < 1/2; one between, or without a plain step, counts in neither."""
-    from benchmarks.sokoban_by_length import solved_by_purpose
+    from experiments.sokoban.sokoban_by_length import solved_by_purpose
 
     env = SokobanEnv(preset="simple", feedback=False, board="letters")
     far, _ = env.reset(options={"level": "#######\n#@  $.#\n#    #\n#######"})
@@ -591,7 +591,7 @@ def test_scripted_agents_push_towards_the_goal_and_walk_to_the_box_or_behind_it(
     """sokoban_by_length.py's scripted agents on hand-made boards: both push when the push brings
     the box closer to its goal; ``aim`` steps as its box words say, ``spot`` towards the cell
     behind the box, even where the aim's direction is a blocked push."""
-    from benchmarks.sokoban_by_length import scripted_move
+    from experiments.sokoban.sokoban_by_length import scripted_move
 
     env = SokobanEnv(preset="simple", feedback=False, board="letters")
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""benchmarks/update_directions.py: step sizes and the cosine between consecutive steps, on
+"""learner/tools/update_directions.py: step sizes and the cosine between consecutive steps, on
 hand-made checkpoints with known steps and on a real tiny run (trained with --adam-beta1)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ TINY = dict(tasks_per_iter=4, group_size=4, max_new_tokens=8, pretrain_steps=30,
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("update_directions", REPO / "benchmarks" / "update_directions.py")
+    spec = importlib.util.spec_from_file_location("update_directions", REPO / "learner" / "tools" / "update_directions.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,0 +1,1 @@
+"""Performance benchmarks: benchmarks/README.md."""

@@ -1,0 +1,1 @@
+"""Research probes, one folder per question: experiments/README.md."""

@@ -1,0 +1,1 @@
+"""Research probes: see the README.md of this folder."""
