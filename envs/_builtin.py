@@ -6,6 +6,8 @@ from envs.registry import register
 
 #: What to install for the GEM tasks (envs/gem_compat.py).
 GEM_INSTALL_HINT = "pip install -e '.[gem]' (or pip install gem-llm; Python 3.10-3.11)"
+#: What to install for verifiers environments (envs/adapters/verifiers.py).
+VERIFIERS_INSTALL_HINT = "pip install -e '.[verifiers]' (verifiers>=0.3.1,<0.4)"
 #: freshper ids of GEM's offline games -> GEM's ids (envs/gem_compat.py wraps them).
 GEM_GAMES: dict[str, str] = {
     "gem/GuessTheNumberEasy-v0": "game:GuessTheNumber-v0-easy",
@@ -115,4 +117,14 @@ register(
     description="A vision task served by `python -m envs.serve ID` at url= (images sent as lossless PNG).",
     kwargs={},
     needs=("url",),
+)
+register(
+    "freshper/Verifiers-v0",
+    "envs.adapters.verifiers:VerifiersEnv",
+    modality="text",
+    description="A verifiers environment (env=object, 'module:function' or installed id; env_args=...): multi-turn through its env_response, reward from its rubric.",
+    kwargs={},
+    requires=("verifiers",),
+    install_hint=VERIFIERS_INSTALL_HINT,
+    needs=("env",),
 )

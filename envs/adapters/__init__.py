@@ -1,0 +1,9 @@
+"""Other ecosystems' environments as freshper tasks.
+
+- :mod:`envs.adapters.verifiers`: a verifiers environment (multi-turn through its
+  ``env_response`` hook, reward from its rubric) as ``freshper/Verifiers-v0``
+  (extra ``.[verifiers]``).
+
+Each module imports its package when used, so ``import envs`` works without them; building
+a task whose package is missing raises an ``ImportError`` that says what to install.
+"""
