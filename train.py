@@ -322,11 +322,11 @@ class Config:
     worker_gpus: float = 0.0
     """GPUs each Ray rollout worker reserves (its vLLM engine runs on them); 0: CPU workers"""
     engine: str = "hf"
-    """sampling engine of training rollouts: 'hf' (the policy's own sampler) or 'vllm' (a vLLM engine in its own process, weights pushed after each update; text tasks)"""
+    """sampling engine of training rollouts: 'hf' (the policy's own sampler) or 'vllm' (a vLLM engine in its own process, weights pushed in memory after each update; text tasks and Qwen2-VL/Qwen2.5-VL image tasks)"""
     vllm_python: str | None = None
     """python of the environment vLLM is installed in; default $FRESHPER_VLLM_PYTHON, else .venv-vllm/bin/python, else this one"""
     vllm_args: dict | None = None
-    """vLLM engine settings (JSON): dtype (default float32, the learner's), max_model_len (default --max-context-tokens), gpu_memory_utilization, enforce_eager, engine_args (further vllm.LLM arguments)"""
+    """vLLM engine settings (JSON): dtype (default: the learner's compute dtype), max_model_len (default --max-context-tokens), gpu_memory_utilization, enforce_eager (default: on CPUs only), weight_sync (memory|files), lora (adapter|merged), colocate, max_images, engine_args (further vllm.LLM arguments); docs/scaling.md"""
 
 
 #: Settings that shape what a run has already done; a resume refuses to change them.

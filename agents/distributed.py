@@ -19,7 +19,9 @@ alignment; workers load the model folder the way the trainer does and copy weigh
 env pool and a copy of the policy (or a vLLM engine, :mod:`agents.vllm_client`); the model
 folder is shipped once through the object store, so nodes need no shared filesystem, and
 weights go as numpy arrays (zero-copy reads from the object store; torch tensors were ~30x
-slower to put). Records come back as :meth:`Trajectory.to_bytes
+slower to put). A worker with a vLLM engine hands those arrays straight to its engine's model
+in memory (:meth:`agents.vllm_client.VLLMSampler.push_state`), without loading them into its
+own policy first. Records come back as :meth:`Trajectory.to_bytes
 <agents.record.Trajectory.to_bytes>` blobs, the project's lossless record format.
 
 **Synchronous mode**: every collect first publishes the learner's weights of that version,
@@ -120,17 +122,28 @@ class ShardedCollector:
         self.shards = int(shards)
         self.policy = policy if policy is not None else runner.policy
         self.version: int | None = None
+        self._asleep = False
 
     def publish(self, version: int) -> None:
-        """Hand the learner's weights of ``version`` to the sampler (no-op for the policy itself)."""
-        push = getattr(self.runner.sampler, "push_weights", None)
+        """Hand the learner's weights of ``version`` to the sampler (no-op for the policy itself).
+        A colocated engine (asleep since the last collect) wakes its weights' memory first, takes
+        the weights, then wakes its KV cache."""
+        sampler = self.runner.sampler
+        push = getattr(sampler, "push_weights", None)
+        colocated = bool(getattr(sampler, "colocate", False))
         if push is not None and self.version != version:
+            if colocated and self._asleep:
+                sampler.wake_up(["weights"])
             push(self.policy.model, int(version))
+        if colocated and self._asleep:
+            sampler.wake_up(["kv_cache"])
+            self._asleep = False
         self.version = int(version)
 
     def collect(self, seeds: Sequence[int], *, policy_version: int, rng_seed: int, group_base: int,
                 **kwargs: Any) -> tuple[list[Trajectory], dict[str, Any]]:
-        """:meth:`Runner.collect`'s contract, played shard by shard."""
+        """:meth:`Runner.collect`'s contract, played shard by shard (a colocated engine goes to
+        sleep after it, so the learner has the GPU while it updates)."""
         self.publish(policy_version)
         wall0 = time.perf_counter()
         records: list[Trajectory] = []
@@ -140,6 +153,9 @@ class ShardedCollector:
                                               group_base=shard.group_base, **kwargs)
             records += recs
             parts.append(stats)
+        if getattr(self.runner.sampler, "colocate", False):
+            self.runner.sampler.sleep()
+            self._asleep = True
         return records, merge_stats(records, parts, time.perf_counter() - wall0)
 
     def close(self) -> None:
@@ -186,6 +202,27 @@ def load_numpy_state(model: Any, state: dict[str, np.ndarray]) -> None:
                 own[key].copy_(torch.from_numpy(arr))
 
 
+def numpy_weights(state: dict[str, np.ndarray], *, skip_tied_head: bool = False):
+    """``(name, tensor)`` pairs of a :func:`state_to_numpy` state (views of the arrays; a tied
+    LM head left out: an engine's is its embedding)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # object-store arrays are read-only; they are only read
+        for key, arr in state.items():
+            name = key.removeprefix("bf16:")
+            if skip_tied_head and name.endswith("lm_head.weight"):
+                continue
+            t = torch.from_numpy(arr)
+            yield name, (t.view(torch.bfloat16) if key.startswith("bf16:") else t)
+
+
+def _tied_head(model: Any) -> bool:
+    from agents.vllm_client import _tied
+
+    return _tied(model)
+
+
 def read_folder(path: str | os.PathLike) -> dict[str, bytes]:
     """Every file under ``path`` by relative name (a model folder shipped to another node)."""
     root = Path(path)
@@ -227,11 +264,7 @@ class RolloutWorker:
         self.engine = engine or EngineOptions()
         self.sampler = None
         if self.engine.engine == "vllm":
-            from agents.vllm_client import VLLMSampler
-
-            args = {"max_model_len": rollout.max_context_tokens, "seed": seed, **self.engine.vllm_args}
-            self.sampler = VLLMSampler(self.folder / "model", eos_token_id=self.policy.eos_token_id,
-                                       python=self.engine.vllm_python, **args)
+            self.sampler = vllm_sampler(self.policy, self.folder / "model", rollout, seed=seed, engine=self.engine)
         self.runner = rollout.runner(self.policy, seed=seed, sampler=self.sampler)
         self.version: int | None = None
 
@@ -240,10 +273,16 @@ class RolloutWorker:
         return {"pid": os.getpid(), "host": socket.gethostname(), "engine": self.engine.engine}
 
     def set_weights(self, version: int, state: dict[str, np.ndarray]) -> int:
-        """Load the learner's weights of ``version`` (and push them to the engine)."""
-        load_numpy_state(self.policy.model, state)
-        if self.sampler is not None:
-            self.sampler.push_weights(self.policy.model, int(version))
+        """Take the learner's weights of ``version``: into the worker's policy, or, with a vLLM
+        engine, straight from the object store into the engine's model in memory (the worker's
+        policy then only renders prompts, and keeps no copy of the weights)."""
+        if self.sampler is not None and getattr(self.sampler, "weight_sync", "files") == "memory":
+            self.sampler.push_state(numpy_weights(state, skip_tied_head=_tied_head(self.policy.model)))
+            self.sampler.version = int(version)
+        else:
+            load_numpy_state(self.policy.model, state)
+            if self.sampler is not None:
+                self.sampler.push_weights(self.policy.model, int(version))
         self.version = int(version)
         return self.version
 
@@ -560,6 +599,29 @@ class RayCollector:
             ray.shutdown()
 
 
+def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, seed: int,
+                 engine: EngineOptions, log_path: str | os.PathLike | None = None) -> Any:
+    """A :class:`agents.vllm_client.VLLMSampler` for ``policy`` with ``engine.vllm_args``:
+    the policy's EOS, its never-sampled vision tokens and its image sizing; a LoRA policy's
+    adapters are served as adapters with ``"lora": "adapter"``, else pushed merged."""
+    from agents.lora import has_lora
+    from agents.vllm_client import VLLMSampler
+
+    args = {"max_model_len": rollout.max_context_tokens, "seed": seed, "log_path": log_path, **engine.vllm_args}
+    lora = args.pop("lora", "merged")
+    if lora not in ("adapter", "merged"):
+        raise ValueError(f"vllm_args lora must be 'adapter' or 'merged', got {lora!r}")
+    if lora == "adapter" and has_lora(policy.model):
+        args.setdefault("lora_rank", policy.model.freshper_lora.rank)
+    prepare = None
+    if policy.is_vision:
+        def prepare(image: np.ndarray) -> np.ndarray:
+            return np.asarray(policy.prepare_image(image), dtype=np.uint8)
+
+    return VLLMSampler(model_path, eos_token_id=policy.eos_token_id, suppressed_ids=policy.suppressed_ids,
+                       prepare_image=prepare, python=engine.vllm_python, **args)
+
+
 def build_collector(policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, seed: int = 0,
                     workers: int = 0, shards: int | None = None, asynchronous: bool = False,
                     max_staleness: int | None = None, steps_per_iteration: int = 1,
@@ -580,8 +642,6 @@ def build_collector(policy: Any, model_path: str | os.PathLike, rollout: Rollout
     engine = engine or EngineOptions()
     if engine.engine not in ("hf", "vllm"):
         raise ValueError(f"engine must be 'hf' or 'vllm', got {engine.engine!r}")
-    if engine.engine == "vllm" and policy.is_vision:
-        raise ValueError("the vLLM engine takes text prompts only: use --engine hf for image tasks")
     staleness = steps_per_iteration if max_staleness is None else int(max_staleness)
     if workers:
         return RayCollector(policy, model_path, rollout, workers=workers, seed=seed, shards=shards,
@@ -592,10 +652,7 @@ def build_collector(policy: Any, model_path: str | os.PathLike, rollout: Rollout
         raise ValueError("asynchronous collection needs rollout workers (--rollout-workers N)")
     sampler = None
     if engine.engine == "vllm":
-        from agents.vllm_client import VLLMSampler
-
-        args = {"max_model_len": rollout.max_context_tokens, "seed": seed, "log_path": log_path, **engine.vllm_args}
-        sampler = VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=engine.vllm_python, **args)
+        sampler = vllm_sampler(policy, model_path, rollout, seed=seed, engine=engine, log_path=log_path)
     runner = rollout.runner(policy, seed=seed, sampler=sampler)
     if sampler is None and (shards or 1) == 1:
         return runner

@@ -3,10 +3,17 @@ of vLLM and sets ``FRESHPER_VLLM_PYTHON``; skipped otherwise).
 
 - its behaviour log-probs are the project's own (``Policy.token_logprobs``) within 1e-4 at T = 1
   and T = 0.7, in records played by the runner (window and full context) too;
-- after a weight push, generations and log-probs follow the new weights (the prefix cache,
-  filled with the old weights' KV for the same prompts, is not reused), EOS ends replies;
-- ``train.py --engine vllm`` trains and its records pass the on-policy re-check; a Ray rollout
-  worker can sample with its own vLLM engine.
+- weights go in memory: after a push, generations and log-probs follow the new weights (the
+  prefix cache, filled with the old weights' KV for the same prompts, is not reused), EOS ends
+  replies, and no weight file is written anywhere (the engine never reloads from a path);
+- LoRA adapters are served: as vLLM LoRA adapters pushed in memory (a new adapter per update),
+  and merged into the pushed weights; both follow the policy with its adapters;
+- ``train.py --engine vllm`` trains a text task and an image task, and its records pass the
+  on-policy re-check; a Ray rollout worker samples with its own vLLM engine, whose weights go
+  from the object store into the engine in memory.
+
+tests/test_vllm_conformance.py holds the drift conformance test (text and image episodes
+re-scored by the learner, turn by turn).
 """
 
 from __future__ import annotations
@@ -133,7 +140,21 @@ def _trained_to_answer_up(model_path: Path, prompts) -> Policy:
     return trained
 
 
+def _weight_files() -> set[str]:
+    """Files this process's samplers have under the folders where the file round trip writes
+    (``freshper-vllm-<pid>-*`` under /dev/shm and the temp folder), logs left out."""
+    import tempfile
+
+    found = set()
+    for root in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
+        for folder in root.glob(f"freshper-vllm-{os.getpid()}-*"):
+            if folder.is_dir():
+                found |= {str(f) for f in folder.rglob("*") if f.is_file()}
+    return found
+
+
 def test_a_weight_push_is_followed_with_no_stale_prefix_cache(engine, policy, model_path) -> None:
+    files_before = _weight_files()
     prompts = _prompts(policy, repeat=5)
     assert min(map(len, prompts)) > 2 * 128  # two whole KV blocks of vLLM's CPU build (block size 128)
     before = engine.generate(prompts, max_new_tokens=8, greedy=True)  # fills the prefix cache with these prompts
@@ -153,7 +174,72 @@ def test_a_weight_push_is_followed_with_no_stale_prefix_cache(engine, policy, mo
     again = engine.generate(prompts, max_new_tokens=8, greedy=True)
     assert [g.token_ids for g in again] == [g.token_ids for g in before]
     assert _max_gap(policy, prompts, again, 1.0) < 1e-4
-    assert engine.info()["reloads"] == 2
+    info = engine.info()
+    assert info["syncs"] >= 2 and info["reloads"] == 0  # in memory; never reloaded from a path
+    assert not any(engine.folder.iterdir())  # nothing written where the file round trip writes
+    assert _weight_files() == files_before == set()
+
+
+def _with_adapters(model_path: Path, prompts, rank: int = 8) -> Policy:
+    """The tiny model with LoRA adapters moved far from zero (its greedy replies change)."""
+    from agents.lora import LoraSettings, add_lora
+
+    lora = Policy.from_pretrained(model_path)
+    add_lora(lora, LoraSettings(rank=rank))
+    base = lora.generate(prompts, max_new_tokens=6, greedy=True)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in lora.model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    assert [g.token_ids for g in lora.generate(prompts, max_new_tokens=6, greedy=True)] != [g.token_ids for g in base]
+    return lora
+
+
+def test_lora_adapters_merged_into_the_pushed_weights(engine, policy, model_path) -> None:
+    prompts = _prompts(policy, n=4)
+    lora = _with_adapters(model_path, prompts)
+    want = lora.generate(prompts, max_new_tokens=6, greedy=True)
+    engine.push_weights(lora.model, version=10)
+    got = engine.generate(prompts, max_new_tokens=6, greedy=True)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert _max_gap(lora, prompts, got, 1.0) < 1e-4
+    engine.push_weights(policy.model, version=11)  # back to the plain policy for the other tests
+
+
+def test_lora_adapters_served_by_vllm_in_memory(model_path, policy) -> None:
+    """An engine serving LoRA adapters gets the adapters alone at each push (a new adapter id
+    each time) and samples the policy with its adapters, log-probs within 1e-4."""
+    from agents.distributed import EngineOptions, vllm_sampler
+
+    prompts = _prompts(policy, n=4)
+    lora = _with_adapters(model_path, prompts)
+    files_before = _weight_files()
+    rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=6, max_context_tokens=1024)
+    sampler = vllm_sampler(lora, model_path, rollout, seed=0,
+                           engine=EngineOptions("vllm", VLLM_PYTHON, {"lora": "adapter"}))
+    try:
+        assert sampler.lora_rank == 8
+        base = sampler.generate(prompts, max_new_tokens=6, greedy=True)  # no adapter yet: the base model
+        assert _max_gap(policy, prompts, base, 1.0) < 1e-4
+        sampler.push_weights(lora.model, version=1)
+        want = lora.generate(prompts, max_new_tokens=6, greedy=True)
+        got = sampler.generate(prompts, max_new_tokens=6, greedy=True)
+        assert [g.token_ids for g in got] == [g.token_ids for g in want] != [g.token_ids for g in base]
+        assert _max_gap(lora, prompts, got, 1.0) < 1e-4
+        with torch.no_grad():  # an update of the adapters: the next push serves the new ones
+            for name, p in lora.model.named_parameters():
+                if "lora_B" in name:
+                    p.mul_(-1.0)
+        sampler.push_weights(lora.model, version=2)
+        torch.manual_seed(4)
+        sampled = sampler.generate(prompts, max_new_tokens=6, temperature=0.7)
+        assert _max_gap(lora, prompts, sampled, 0.7) < 1e-4
+        info = sampler.info()
+        assert info["adapter_id"] == 2 and info["reloads"] == 0
+        assert _weight_files() == files_before == set()
+    finally:
+        sampler.close()
 
 
 def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(tmp_path) -> None:
@@ -171,6 +257,25 @@ def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(t
     # vLLM sampled them from exactly those weights (pushed after each update)
     assert all(r["behavior_logprob_gap"] < 1e-4 for r in rows)
     assert (tmp_path / "v" / "vllm_engine.log").stat().st_size > 0
+
+
+def test_train_py_with_the_vllm_engine_trains_an_image_task(tmp_path) -> None:
+    """FrozenLakeVision end to end: the engine samples with images (Qwen2-VL, one image per
+    turn), takes every update in memory, and the learner's re-check agrees with its log-probs."""
+    import train
+    from learner.report import read_metrics
+
+    argv = ["--runs-root", str(tmp_path), "--run-name", "vv", "--env-id", "freshper/FrozenLakeVision-v0",
+            "--engine", "vllm", "--vllm-python", VLLM_PYTHON, "--context", "full",
+            "--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
+            "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
+            "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--lr", "1e-2"]
+    assert train.main(argv) == 0
+    rows = [r for r in read_metrics(tmp_path / "vv" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(rows) == 3 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in rows)
+    assert all(r["behavior_logprob_gap"] < 1e-4 for r in rows)
+    log = (tmp_path / "vv" / "vllm_engine.log").read_text()
+    assert "Qwen2VLForConditionalGeneration" in log
 
 
 def test_a_ray_worker_samples_with_its_own_vllm_engine(model_path) -> None:
