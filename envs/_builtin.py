@@ -8,6 +8,8 @@ from envs.registry import register
 GEM_INSTALL_HINT = "pip install -e '.[gem]' (or pip install gem-llm; Python 3.10-3.11)"
 #: What to install for verifiers environments (envs/adapters/verifiers.py).
 VERIFIERS_INSTALL_HINT = "pip install -e '.[verifiers]' (verifiers>=0.3.1,<0.4)"
+#: What to install for OpenEnv environments (envs/adapters/openenv.py).
+OPENENV_INSTALL_HINT = "pip install -e '.[openenv]' (openenv-core>=0.2.1,<0.3)"
 #: freshper ids of GEM's offline games -> GEM's ids (envs/gem_compat.py wraps them).
 GEM_GAMES: dict[str, str] = {
     "gem/GuessTheNumberEasy-v0": "game:GuessTheNumber-v0-easy",
@@ -127,4 +129,14 @@ register(
     requires=("verifiers",),
     install_hint=VERIFIERS_INSTALL_HINT,
     needs=("env",),
+)
+register(
+    "freshper/OpenEnv-v0",
+    "envs.adapters.openenv:OpenEnvEnv",
+    modality="text",
+    description="An OpenEnv environment server at url=, played over its WebSocket session (action_field= carries the reply).",
+    kwargs={},
+    requires=("openenv",),
+    install_hint=OPENENV_INSTALL_HINT,
+    needs=("url",),
 )

@@ -2,7 +2,9 @@
 
 - :mod:`envs.adapters.verifiers`: a verifiers environment (multi-turn through its
   ``env_response`` hook, reward from its rubric) as ``freshper/Verifiers-v0``
-  (extra ``.[verifiers]``).
+  (extra ``.[verifiers]``);
+- :mod:`envs.adapters.openenv`: an OpenEnv environment server, played over its WebSocket
+  session, as ``freshper/OpenEnv-v0`` (extra ``.[openenv]``).
 
 Each module imports its package when used, so ``import envs`` works without them; building
 a task whose package is missing raises an ``ImportError`` that says what to install.
