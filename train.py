@@ -105,11 +105,11 @@ logger = logging.getLogger("train")
 
 #: RL iterations of the default run (``python train.py``): with two replay updates per iteration
 #: the delivered policy meets 0.60 held-out success and a 0.75 safe-move probe on 5 of 5 seeds
-#: on 2 CPU cores and 4 of 5 on a GPU after 200 (docs/training.md, "Two hundred iterations").
+#: on 2 CPU cores and 4 of 5 on a GPU after 200 (docs/results/frozenlake.md#two-hundred-iterations).
 DEFAULT_ITERATIONS = 200
 #: The default pretraining goes on past its 400 steps until the model writes this share of
 #: held-out next boards exactly: most seeds pass 0.80 at 400 steps, a few stall near 0.1 there
-#: (docs/training.md, "Pretraining until the model writes the next board").
+#: (docs/results/frozenlake.md#pretraining-until-the-model-writes-the-next-board).
 DEFAULT_PRETRAIN_EXACT = 0.5
 #: Pretraining steps of the embedded default when --pretrain-steps is not given.
 DEFAULT_PRETRAIN_STEPS = 400
@@ -166,7 +166,7 @@ class Config:
     """sampling temperature of rollouts (log-probs are taken at the same temperature)"""
 
     tiny_width: int = 128
-    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (experiments/searchqa/search_copy_ceiling.py) and is configs/searchqa.yaml's width; it costs more per step (docs/training.md, "A model twice as wide")"""
+    """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (experiments/searchqa/search_copy_ceiling.py) and is configs/searchqa.yaml's width; it costs more per step (docs/results/searchqa.md#a-model-twice-as-wide)"""
     # -- pretraining on the task's own transitions (learner/pretrain.py) ---------------------
     pretrain_steps: int | None = None
     """pretraining optimizer steps; default 400 for the embedded model (built once and cached), 0 with --model"""
@@ -189,7 +189,7 @@ class Config:
     pretrain_success: float = 0.0
     """share of the pretraining's format examples that are turns of random-play episodes that succeeded (imitation of random play's successes, the only part of the pretraining that uses the task's reward; the episodes random play takes to find them count in the pretraining's episodes); for tasks whose random play sometimes succeeds and whose RL start too rarely does (SearchQA). 0: off"""
     pretrain_follow: float = 1.0
-    """with --pretrain-follow-steps: the share of the second stage's format replies whose move follows the words (the rest stay random); 1 measured well ahead of 0.5 on Sokoban (docs/training.md)"""
+    """with --pretrain-follow-steps: the share of the second stage's format replies whose move follows the words (the rest stay random); 1 measured well ahead of 0.5 on Sokoban (docs/results/sokoban.md#following-the-words)"""
     reasoning: str = "none"
     """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead; 'subgoal': the next place to reach and what to do there (the task's subgoal_text, e.g. Sokoban's 'stand Up Left push Right'), then the lookahead. Needs --max-new-tokens room for it"""
     think_loss: bool = True
@@ -571,7 +571,7 @@ class Run:
 def environment_record() -> dict[str, Any]:
     """What a run's floating-point results depend on besides its settings: the packages, the
     CPU and the kernels torch picked for it. Runs of one seed on different records may differ
-    (docs/training.md, "Same seed, another machine")."""
+    (docs/results/frozenlake.md#same-seed-another-machine)."""
     import importlib.metadata
     import platform
 

@@ -63,8 +63,9 @@ def configure_threads(num_threads: int | None = None) -> int:
 #: every token, visual ones included, at its plain index among the row's real tokens (a text
 #: model's layout) instead of Qwen2-VL's (t, h, w) layout, in which the offset from an answer
 #: token to the visual token of a board cell changes with the cell's row and column. The vision
-#: tower keeps its own 2-D positions. The embedded tiny VLM is built with it (docs/training.md,
-#: "Where in the decoder"); a checkpoint saved from it keeps the setting in its config.
+#: tower keeps its own 2-D positions. The embedded tiny VLM is built with it
+#: (docs/results/vision.md#where-in-the-decoder); a checkpoint saved from it keeps the setting in
+#: its config.
 FLAT_POSITIONS = "flat"
 
 

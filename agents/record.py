@@ -85,7 +85,7 @@ class Generation:
 
 @dataclass
 class Trajectory:
-    """A whole episode as the learner needs it (docs/design.md, "The trajectory record")."""
+    """A whole episode as the learner needs it (docs/design.md#the-trajectory-record-agentsrecordpy)."""
 
     env_id: str
     seed: int

@@ -3,7 +3,7 @@
 Each episode keeps its token view as pieces that are only ever appended to: the ids of each
 user message rendered alone (:mod:`agents.chat`) and the ids the model sampled. A prompt is a
 concatenation of those pieces, so nothing is re-tokenized and the learner trains on exactly the
-sampled ids. Context modes (docs/design.md, "Context modes"):
+sampled ids. Context modes (docs/design.md#the-trajectory-record-agentsrecordpy, "Context modes"):
 
 - ``full``: one growing sequence per episode, stored as one :class:`~agents.record.Sample`;
 - ``window:k``: each turn's prompt is the instructions plus the last k turns (k = 0: the

@@ -7,8 +7,8 @@ because vLLM pins its own torch. It imports vLLM only when an engine is built, a
 the project but :mod:`agents.record`. :class:`WeightSyncWorker` is imported by vLLM's workers
 (``worker_extension_cls``), in whatever process they run.
 
-What makes its samples the project's sampling distribution (docs/design.md, "Sampling
-distribution"), tested against ``Policy.token_logprobs`` on CPU (``make test-vllm``):
+What makes its samples the project's sampling distribution (docs/design.md#the-trajectory-record-agentsrecordpy,
+"Sampling distribution"), tested against ``Policy.token_logprobs`` on CPU (``make test-vllm``):
 
 - ``logprobs_mode="processed_logprobs"``: the reported log-probs are those of the distribution
   sampled from, ``log_softmax(logits / T)``; vLLM's default (raw logits) is wrong whenever T != 1.

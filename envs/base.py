@@ -250,7 +250,7 @@ class MultiTurnEnv(gym.Env[dict, str]):
         """Extra per-step ``info`` entries (JSON-serialisable); override to add some."""
         return {}
 
-    # -- what trainers and tools need from a task (docs/design.md, "The task contract") ---------
+    # -- what trainers and tools need from a task (docs/design.md#the-task-contract-envsbasepy) ---------
     def legal_actions(self) -> list[str]:
         """The actions a well-formed reply may name in the current state (discrete tasks).
 
@@ -271,7 +271,7 @@ class MultiTurnEnv(gym.Env[dict, str]):
         a wall or a second box) narrows them here. :meth:`sample_reply` draws from these, so a
         model pretrained on random replies has to read the state to imitate them: with replies
         drawn the same way on every board, its move distribution ignores the board and RL starts
-        with no state-dependent choice to reinforce (docs/training.md, "What blocks Sokoban").
+        with no state-dependent choice to reinforce (docs/results/sokoban.md#what-blocks-sokoban).
         """
         return list(self.legal_actions())
 

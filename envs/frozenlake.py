@@ -475,7 +475,7 @@ def _tiles() -> dict[str, np.ndarray]:
             if with_player:  # a red disc as wide as the tile
                 # A small disc in the middle of the tile (the earlier drawing) changes a tile's
                 # vision-tower features far less than a hole does; the tiny VLM then learned to
-                # transcribe holes and never the player (docs/training.md, "The player").
+                # transcribe holes and never the player (docs/results/vision.md#the-player).
                 draw.ellipse([0, 0, TILE - 1, TILE - 1], fill=(220, 40, 40))
             tiles[kind + ("P" if with_player else "")] = np.asarray(img, dtype=np.uint8)
     return tiles

@@ -2,7 +2,7 @@
 
 A randomly initialised tiny model knows neither the reply format nor how to read a state.
 RL alone teaches it the format and a state-blind habit, not to look at the cells it steps on
-(docs/training.md). Pretraining on the environment's own dynamics builds that perception
+(docs/results/history.md). Pretraining on the environment's own dynamics builds that perception
 without telling the model which action is good:
 
 - a **dynamics** example shows a state and a random well-formed action and asks for what it

@@ -1,6 +1,6 @@
 """Freshness-aware prioritized experience replay (numpy only; items are opaque payloads).
 
-See docs/design.md, "Freshness-aware replay without a refresh pass".
+See docs/design.md#freshness-aware-replay-without-a-refresh-pass-replay.
 """
 
 from .buffer import MODES, ReplayBuffer, ReplaySample

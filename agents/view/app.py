@@ -24,7 +24,7 @@ page; anything else is logged with its traceback and shown as a one-line error, 
 Everything is served from this machine: no page loads anything from elsewhere, and the viewer
 itself never contacts the model hub (a run's config naming a hub id shows token ids instead).
 
-Run folders are untrusted input (docs/reliability.md, "The viewer"): only regular files inside
+Run folders are untrusted input (docs/reliability.md#the-viewer-python--m-agentsview): only regular files inside
 the roots are read or served, every file is bounded in size and parsed with bounded depth, and
 one bad run folder is shown as a bad run without affecting the others. POSTs must carry the
 viewer's own ``Origin``; the Host check holds for every loopback bind; play options, replies and

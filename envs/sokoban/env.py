@@ -244,7 +244,7 @@ class SokobanEnv(MultiTurnEnv):
     a goal), each cell one token of the embedded tokenizer. Byte-level BPE merges runs of XSB
     (``######``, ``$_#``) into tokens whose meaning depends on the neighbouring cells;
     ``"letters"`` gives a tiny model a board whose cells sit at fixed token offsets, as
-    FrozenLake's does (docs/training.md, "What blocks Sokoban"). ``render_text()`` is standard
+    FrozenLake's does (docs/results/sokoban.md#what-blocks-sokoban). ``render_text()`` is standard
     XSB in every notation.
     """
 

@@ -20,7 +20,7 @@ Formats (``--formats``):
     python experiments/board_reading/board_format_bench.py                    # ~8 min on 2 CPU cores
     python experiments/board_reading/board_format_bench.py --steps 150 --formats indented plain
 
-Results and the command are recorded in docs/training.md.
+Results and the command are recorded in docs/results/history.md#why-the-observation-format-matters.
 """
 
 from __future__ import annotations

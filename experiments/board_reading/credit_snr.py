@@ -1,7 +1,7 @@
 """How much of a policy-gradient step goes into reading the board, per advantage estimator.
 
 On FrozenLake the trained policy first learns a board-blind Down/Right habit and reads the
-board only 80-210 iterations later (docs/training.md). This measures the policy gradient
+board only 80-210 iterations later (docs/results/frozenlake_onpolicy.md). This measures the policy gradient
 itself at a given checkpoint: for ``--batches`` independent batches of B x G episodes
 (the trainer's runner, held-out maps), the on-policy GRPO gradient (the trainer's
 batching and loss, KL left out) under each advantage estimator, all on the same episodes

@@ -1,5 +1,5 @@
 """A minimal GRPO loop on FrozenLake 4x4 text, written apart from ``train.py``: the reference
-the trainer's path is bisected against (docs/training.md, "The trainer against a minimal loop").
+the trainer's path is bisected against (docs/results/history.md#the-trainer-against-an-independent-minimal-loop).
 
 Shared with the project: the embedded tiny model and its tokenizer (``agents.tiny``), the task
 (``envs``: maps, dynamics, board text) and the held-out seed block. Written here from scratch,

@@ -10,7 +10,7 @@ model of ``--seed``, the default run's pretraining recipe (``train.py``'s) and `
 threads, and prints the held-out negative log-likelihoods of the pretraining's examples before
 (and after ``--steps`` steps), with their difference to the first capability's. Same data, same
 seed, same code: any difference is the kernels' rounding, and RL amplifies it (the same seed
-on another machine is another draw; docs/training.md, "Same seed, another machine").
+on another machine is another draw; docs/results/frozenlake.md#same-seed-another-machine).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Can the tiny VLM copy a board out of an image? Multimodal rotary positions against flat ones.
 
 The text model learns to write the next FrozenLake board exactly in ~200 pretraining steps; the
-tiny Qwen2-VL never does (docs/training.md). A candidate cause is geometric. In the text model,
+tiny Qwen2-VL never does (docs/results/vision.md#where-in-the-decoder). A candidate cause is
+geometric. In the text model,
 the cell written at answer position ``p0 + k`` copies the prompt's cell at ``q0 + k``: one fixed
 relative offset for every cell, which a single rotary attention head can learn. Qwen2-VL gives
 the visual token of board cell (row r, column c) the multimodal rotary position

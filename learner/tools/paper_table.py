@@ -9,7 +9,7 @@ Every (task, method, seed) is one ``train.py`` run (``learner/tools/sweep.py``: 
 ``--jobs`` cores, a finished run is never rerun, an interrupted one resumes). Every method of a
 task gets the same iterations of the same B x G tasks, so the same number of environment
 episodes: the paper's axis, since interactions are the expensive part; replay methods spend
-extra updates on stored trajectories. The report (``--doc``, default ``docs/results.md``) has,
+extra updates on stored trajectories. The report (``--doc``, default ``docs/results/paper.md``) has,
 per task and method, the mean and 95% interval over seeds of the final and the best held-out
 score, the late-training drop (final - best), curves against episodes and seconds, the IS
 effective sample size per age bucket and the buffer's age histogram, and the commands. Every
@@ -385,7 +385,7 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
             lines.append(f"| {spec.name} | {method} | {len(runs)} | {_ci(finals)} | {_ci(bests)} | "
                          f"{np.mean(np.subtract(finals, bests)):+.3f} | {_ci([r.curve_mean for r in runs])} | {f'{rel:+.0f}%' if math.isfinite(rel) and method != 'none' else ''} "
                          f"| {paired_text} |")
-        png = img_dir / f"{doc.stem}_{task}.png"  # results.md: results_<task>.png
+        png = img_dir / f"{doc.stem}_{task}.png"  # paper.md: img/paper_<task>.png
         _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)
         details += [f"## {spec.name}", "", f"![held-out success, {spec.name}]({png.relative_to(doc.parent)})", ""]
         main_arms = [m for m in ("fresh", "per", "uniform", "none") if by_seed.get(m)]  # A before B
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--ablations", action="store_true", help="also the FreshPER ablations on FrozenLake text")
     parser.add_argument("--iterations", type=int, default=None, help="override every task's budget (tests, quick looks)")
-    parser.add_argument("--doc", default="docs/results.md")
+    parser.add_argument("--doc", default="docs/results/paper.md")
     parser.add_argument("--title", default=TITLE, help="the report's title (one per results page)")
     parser.add_argument("--against", type=Path, default=None,
                         help="another --out folder of the same arms: pair each arm with its runs there")

@@ -7,7 +7,7 @@ training success and the number of successful training episodes, the share of GR
 gradient), turns per episode and invalid replies at the first iteration and over the last 10,
 the range of the held-out action spread, and held-out sampled success at the start of RL and
 at the end (200 tasks), and the median seconds per iteration of rollouts, the on-policy update
-and the replay updates (all K of an iteration together). These are the columns of the per-task tables in docs/training.md.
+and the replay updates (all K of an iteration together). These are the columns of the per-task tables in docs/results/.
 """
 
 from __future__ import annotations
