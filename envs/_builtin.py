@@ -9,7 +9,7 @@ GEM_INSTALL_HINT = "pip install -e '.[gem]' (or pip install gem-llm; Python 3.10
 #: What to install for verifiers environments (envs/adapters/verifiers.py).
 VERIFIERS_INSTALL_HINT = "pip install -e '.[verifiers]' (verifiers>=0.3.1,<0.4)"
 #: What to install for OpenEnv environments (envs/adapters/openenv.py).
-OPENENV_INSTALL_HINT = "pip install -e '.[openenv]' (openenv-core>=0.2.1,<0.3)"
+OPENENV_INSTALL_HINT = "pip install -e '.[openenv]' (openenv-core>=0.2.1,<0.4)"
 #: freshper ids of GEM's offline games -> GEM's ids (envs/gem_compat.py wraps them).
 GEM_GAMES: dict[str, str] = {
     "gem/GuessTheNumberEasy-v0": "game:GuessTheNumber-v0-easy",

@@ -1,4 +1,4 @@
-"""OpenEnv environments as freshper tasks (extra ``.[openenv]``: ``openenv-core>=0.2.1,<0.3``).
+"""OpenEnv environments as freshper tasks (extra ``.[openenv]``: ``openenv-core>=0.2.1,<0.4``).
 
 :class:`OpenEnvEnv` (``freshper/OpenEnv-v0``) plays an OpenEnv environment server -- one
 started with openenv-core's ``create_app``, a Hugging Face Space, a container -- at ``url``
@@ -15,7 +15,8 @@ episode).
   ``"message"``, the field of OpenEnv's echo and text-game environments) beside the
   constant fields ``action_extra``; a non-string reply is sent as ``""``;
 - the observation is text: the observation's field ``observation_field`` when given, else
-  its only string field, else every field as ``name: value`` lines (non-strings as JSON).
+  its only field when it has one and that is a string, else every field as ``name: value``
+  lines (non-strings as JSON).
   ``instructions`` (default none) go before the first observation and in
   ``info["instructions"]``; ``info["observation"]`` is the observation as the server sent it;
 - reward and the end of the episode are the server's (a missing reward is 0); ``success``
@@ -116,7 +117,7 @@ class OpenEnvEnv(MultiTurnEnv):
         if self._client is None:
             client = self._client_cls(base_url=self.url, connect_timeout_s=self.connect_timeout,
                                       message_timeout_s=self.message_timeout)
-            if hasattr(client, "sync"):  # openenv-core 0.2.3 made the client async, with a sync() wrapper
+            if hasattr(client, "sync"):  # from openenv-core 0.2.3 the client is async, with a sync() wrapper
                 client = client.sync()
             client.connect()  # raises ConnectionError naming the URL
             self._client = client
