@@ -52,6 +52,7 @@ $(VLLM_STAMP): tools/vllm_cpu_torchvision.py
 train: setup
 	$(PY) train.py $(ARGS)
 
+# Every test; `make test ARGS="-m 'not slow'"` leaves out those marked slow (> ~10 s each) for a quick loop.
 test: setup
 	$(PY) -m pytest -q $(ARGS)
 

@@ -24,6 +24,7 @@ def _script():
     return mod
 
 
+@pytest.mark.slow
 def test_buffer_drift_is_zero_for_an_unmoved_policy_and_grows_with_the_learning_rate(tmp_path: Path, capsys) -> None:
     mod = _script()
     train.train(train.Config(runs_root=str(tmp_path), run_name="still", lr=1e-12, **TINY))

@@ -6,12 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4", "--pretrain-steps", "0",
         "--final-eval-episodes", "4", "--eval-every", "1", "--eval-episodes", "2", "--no-eval-both",
         "--no-diagnostics", "--no-tensorboard", "--replay-batch", "4", "--threads", "1"]
 
 
+@pytest.mark.slow
 def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_path: Path) -> None:
     out, doc = tmp_path / "paper", tmp_path / "docs" / "results.md"
     cmd = [sys.executable, "-m", "learner.tools", "paper-table", "--out", str(out), "--tasks", "frozenlake",

@@ -107,7 +107,7 @@ def test_solver_on_known_levels():
     assert solve_moves("####\n#@$#\n# .#\n####", 20) is None  # box in a corner
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p == "large" else p for p in sorted(PRESETS)])
 def test_generated_levels_are_solvable_within_turn_limit(preset):
     """For 500 seeds an independent solver finds the generator's claimed optimum, within the limit."""
     env = SokobanEnv(preset=preset, render_mode="ansi")

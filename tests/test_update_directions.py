@@ -48,6 +48,7 @@ def test_step_norms_and_cosines_are_those_of_the_weight_changes(tmp_path: Path) 
     assert rows[0]["top"][0] == ("b", pytest.approx(4.0))  # integer tensors are not weights
 
 
+@pytest.mark.slow
 def test_a_real_run_without_momentum_reads_back(tmp_path: Path, capsys) -> None:
     train.train(train.Config(runs_root=str(tmp_path), run_name="r", iterations=3, checkpoint_every=1, keep_checkpoints=5,
                              adam_beta1=0.0, **TINY))
