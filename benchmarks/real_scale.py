@@ -267,7 +267,7 @@ class Peak:
             self.peak, self._stop = rss(), threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
-        self.t0 = time.perf_counter()
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
         return self
 
     def _sample(self) -> None:
@@ -286,6 +286,7 @@ class Peak:
             self._thread.join()
             self.peak = max(self.peak, rss())
         self.seconds = time.perf_counter() - self.t0
+        self.cpu_seconds = time.process_time() - self.cpu0  # every thread of this process: less sensitive to load
 
 
 def rss() -> int:
@@ -339,8 +340,8 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     for kind, fn in (("grpo", grpo), ("replay", replay)):
         with Peak(args.device) as peak:
             stats = fn()
-        out[kind] = {"seconds": peak.seconds, "peak_bytes": peak.peak, "tokens": seq_tokens(records),
-                     "loss": stats.get("loss")}
+        out[kind] = {"seconds": peak.seconds, "cpu_seconds": peak.cpu_seconds, "peak_bytes": peak.peak,
+                     "tokens": seq_tokens(records), "loss": stats.get("loss")}
     policy.model.train()
     out["path"] = "full" if full_forward_applies(policy) else "prefix"
     return out
@@ -443,7 +444,8 @@ def run_trl(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -> dic
         for kind, with_old in (("grpo", False), ("replay", True)):
             with Peak(args.device) as peak:
                 loss = update(with_old)
-            out[kind] = {"seconds": peak.seconds, "peak_bytes": peak.peak, "tokens": seq_tokens(records), "loss": loss}
+            out[kind] = {"seconds": peak.seconds, "cpu_seconds": peak.cpu_seconds, "peak_bytes": peak.peak,
+                         "tokens": seq_tokens(records), "loss": loss}
         out["path"] = "full"
         return out
 
@@ -469,7 +471,8 @@ def worker(spec: dict[str, Any]) -> None:
 
 def measure(model: str, features: str, framework: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     spec = {"folder": str(folder), "features": features, "framework": framework, "args": vars(args)}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    # Idle OpenMP threads sleep, so a process's CPU time is the work it did, not spinning.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE"}
     try:
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                               capture_output=True, text=True, env=env, timeout=args.timeout)
@@ -487,9 +490,16 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | features | update | path | freshper peak GiB | freshper tokens/s | TRL peak GiB | "
-             "TRL tokens/s | tokens/s ratio | memory ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+def rate(r: dict[str, Any], clock: str) -> float:
+    return r["tokens"] / max(r[clock], 1e-9)
+
+
+def table(rows: list[dict[str, Any]], clock: str = "seconds") -> str:
+    """Side by side; ``clock``: ``seconds`` (wall) or ``cpu_seconds`` (the process's CPU time,
+    what a loaded machine distorts least)."""
+    unit = "tokens/s" if clock == "seconds" else "tokens/CPU-s"
+    lines = [f"| model | features | update | path | freshper peak GiB | freshper {unit} | TRL peak GiB | "
+             f"TRL {unit} | {unit} ratio | memory ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         f, t = row["freshper"], row.get("trl") or {"status": "not run"}
         for kind in ("grpo", "replay"):
@@ -497,13 +507,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             for res in (f, t):
                 if res.get("status") == "ok":
                     r = res[kind]
-                    cells += [gib(r["peak_bytes"]), f"{r['tokens'] / r['seconds']:.0f}"]
+                    cells += [gib(r["peak_bytes"]), f"{rate(r, clock):.0f}"]
                 else:
                     cells += [res.get("status", "?"), ""]
             if f.get("status") == "ok" and t.get("status") == "ok":
                 a, b = f[kind], t[kind]
-                cells += [f"{(a['tokens'] / a['seconds']) / (b['tokens'] / b['seconds']):.2f}",
-                          f"{a['peak_bytes'] / b['peak_bytes']:.2f}"]
+                cells += [f"{rate(a, clock) / rate(b, clock):.2f}", f"{a['peak_bytes'] / b['peak_bytes']:.2f}"]
             else:
                 cells += ["", ""]
             lines.append("| " + " | ".join(cells) + " |")
@@ -557,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     print()
     print(table(rows))
+    if args.device == "cpu":
+        print()
+        print(table(rows, "cpu_seconds"))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(spec_args), "rows": rows}, indent=1), encoding="utf-8")
     return 0

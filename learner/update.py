@@ -40,6 +40,17 @@ def reference_logprobs(ref, batch, temperature: float) -> torch.Tensor:
         return batch_logprobs(ref, batch, temperature)
 
 
+def weights_finite(params) -> bool:
+    """Whether every weight is finite, from one fused norm per tensor (a sharded tensor: its
+    local shard, each rank checks its own)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    local = [p for p in local if p.numel()]
+    if not local:
+        return True
+    norms = torch._foreach_norm([p.detach() for p in local])
+    return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+
 def stepped(stats: dict[str, Any]) -> bool:
     """Whether an update's statistics say the optimizer took its step."""
     return not stats.get("skipped") and not stats.get("fp16_overflow")
@@ -126,7 +137,7 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
         optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    if not all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in params):
+    if not weights_finite(params):
         raise FloatingPointError("an update made the policy's weights not finite (the learning rate is far too high: "
                                  "lower --lr); the last checkpoint holds the weights before it")
     out: dict[str, Any] = stats.summary()
