@@ -283,3 +283,14 @@ def test_fp16_compute_trains_with_a_loss_scale_and_an_overflow_skips_the_step_wi
     train.train(tiny_config(tmp_path, run_name="fp16", dtype="fp16", iterations=2, kl_coef=0.0))
     saved = torch.load(list_checkpoints(tmp_path / "fp16" / "checkpoints")[-1] / "trainer.pt", weights_only=True)
     assert saved["scaler"] and saved["scaler"]["scale"] > 0
+
+
+def test_adam_takes_its_fused_kernel_only_for_large_plain_models() -> None:
+    from agents.tiny import build_tiny_model
+    from learner.state import FUSED_ADAM_PARAMETERS, fused_adam
+
+    tiny = Policy.from_pretrained(build_tiny_model("text"))
+    assert not fused_adam(tiny.model.parameters())  # the embedded default keeps its numbers
+    big = [torch.nn.Parameter(torch.zeros(FUSED_ADAM_PARAMETERS // 2 + 1)) for _ in range(2)]
+    assert fused_adam(big)
+    assert not fused_adam([*big, torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)])
