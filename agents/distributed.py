@@ -156,7 +156,11 @@ class ShardedCollector:
         if getattr(self.runner.sampler, "colocate", False):
             self.runner.sampler.sleep()
             self._asleep = True
-        return records, merge_stats(records, parts, time.perf_counter() - wall0)
+        out: dict[str, Any] = merge_stats(records, parts, time.perf_counter() - wall0)
+        synced = getattr(self.runner.sampler, "sync_seconds", None)
+        if synced:  # the last weight push into the engine, for the learner's log row
+            out["log"] = {"vllm_sync_s": float(synced[-1])}
+        return records, out
 
     def close(self) -> None:
         self.runner.close()
@@ -603,7 +607,9 @@ def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutCon
                  engine: EngineOptions, log_path: str | os.PathLike | None = None) -> Any:
     """A :class:`agents.vllm_client.VLLMSampler` for ``policy`` with ``engine.vllm_args``:
     the policy's EOS, its never-sampled vision tokens and its image sizing; a LoRA policy's
-    adapters are served as adapters with ``"lora": "adapter"``, else pushed merged."""
+    adapters are served as adapters with ``"lora": "adapter"``, else pushed merged; with
+    ``"colocate": true`` the engine's GPU share is what the learner's measured peak leaves
+    (:func:`colocated_memory_share`) unless ``gpu_memory_utilization`` is given."""
     from agents.lora import has_lora
     from agents.vllm_client import VLLMSampler
 
@@ -613,6 +619,8 @@ def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutCon
         raise ValueError(f"vllm_args lora must be 'adapter' or 'merged', got {lora!r}")
     if lora == "adapter" and has_lora(policy.model):
         args.setdefault("lora_rank", policy.model.freshper_lora.rank)
+    if args.get("colocate") and args.get("gpu_memory_utilization") is None:
+        args["gpu_memory_utilization"] = colocated_memory_share(policy, rollout.max_context_tokens)
     prepare = None
     if policy.is_vision:
         def prepare(image: np.ndarray) -> np.ndarray:
@@ -620,6 +628,44 @@ def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutCon
 
     return VLLMSampler(model_path, eos_token_id=policy.eos_token_id, suppressed_ids=policy.suppressed_ids,
                        prepare_image=prepare, python=engine.vllm_python, **args)
+
+
+def colocated_memory_share(policy: Any, max_tokens: int, *, margin_gb: float = 1.0) -> float:
+    """The GPU share a colocated engine may take (vLLM's ``gpu_memory_utilization``): what the
+    learner's measured peak leaves. The peak is measured here, on the learner's device: one
+    forward and backward of a ``max_tokens`` sequence through :meth:`Policy.token_logprobs`
+    (weights, gradients, activations), plus Adam's two fp32 moments of every trainable weight
+    (allocated at the first step), plus ``margin_gb``. The engine sleeps while the learner
+    updates, so the two peaks never meet; while the engine runs, the learner holds less."""
+    import torch
+
+    from agents.record import Sample
+
+    device = policy.device
+    if device.type != "cuda":
+        raise ValueError("colocated mode (vllm_args colocate) needs the learner and the engine on one CUDA GPU: it "
+                         "relies on vLLM's sleep mode, which the CPU build does not have (its workers ignore "
+                         "sleep/wake_up); on CPUs run the engine beside the learner (docs/scaling.md)")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    n = max(2, int(max_tokens))
+    probe = Sample([policy.pad_token_id] * n, [0] + [1] * (n - 1), [0.0] * n)
+    policy.model.zero_grad(set_to_none=True)
+    policy.token_logprobs([probe]).sum().backward()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    policy.model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    adam = 8 * sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+    total = torch.cuda.get_device_properties(device).total_memory
+    share = (total - peak - adam - margin_gb * 2**30) / total
+    logger.info("colocated vLLM engine: the learner's measured peak %.1f GiB + Adam %.1f GiB of %.1f GiB leaves "
+                "the engine %.0f%%", peak / 2**30, adam / 2**30, total / 2**30, 100 * share)
+    if share < 0.05:
+        raise ValueError(f"the learner's measured peak ({peak / 2**30:.1f} GiB + Adam {adam / 2**30:.1f} GiB) leaves "
+                         f"no room for a colocated engine on this {total / 2**30:.0f} GiB GPU: use LoRA, gradient "
+                         "checkpointing or a smaller --max-context-tokens, or run the engine on its own GPU")
+    return round(share, 3)
 
 
 def build_collector(policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, seed: int = 0,

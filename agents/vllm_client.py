@@ -11,8 +11,8 @@ image once per request.
 
 Weights (:meth:`VLLMSampler.push_weights`) go in memory by default (``weight_sync="memory"``):
 at the first push the trainer and the engine's workers form a ``torch.distributed`` group of
-their own (a TCPStore on a free loopback port, rank 0 here; gloo when the engine runs on the
-CPU, NCCL when it runs on a GPU), and each push broadcasts the weights in buckets of
+their own (a TCPStore on a free loopback port, rank 0 here; gloo when the engine or the
+learner runs on the CPU, NCCL when they run on two GPUs), and each push broadcasts the weights in buckets of
 ``bucket_mb`` in the engine's dtype, which the engine loads into its model in place
 (:mod:`agents.vllm_engine`): no file is written. A tied LM head is not sent (the engine's is
 the embedding). A LoRA model sends its adapters alone when the engine serves adapters
@@ -98,8 +98,8 @@ class VLLMSampler:
                  seed: int = 0, enforce_eager: bool | None = None, gpu_memory_utilization: float | None = None,
                  engine_args: dict[str, Any] | None = None, startup_timeout: float = 900.0,
                  log_path: str | os.PathLike | None = None, weight_sync: str = "memory", bucket_mb: int = 256,
-                 lora_rank: int = 0, colocate: bool = False, max_images: int = 8,
-                 group_timeout: float = 600.0) -> None:
+                 lora_rank: int = 0, colocate: bool = False, max_images: int = 16,
+                 group_timeout: float = 600.0, threads: int | None = None) -> None:
         import json
 
         if weight_sync not in ("memory", "files"):
@@ -142,6 +142,11 @@ class VLLMSampler:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU builds (else a share of RAM)
         env.pop("OMP_WAIT_POLICY", None)
+        if threads is None:  # a CPU engine computes with this process's torch threads (1 on <= 2 cores)
+            import torch
+
+            threads = torch.get_num_threads()
+        env.setdefault("OMP_NUM_THREADS", str(int(threads)))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), cwd=str(REPO_ROOT), env=env,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -168,6 +173,8 @@ class VLLMSampler:
         #: The engine's weights' dtype (pushed weights are sent in it) and where it runs.
         self.engine_dtype: str = ready.get("dtype", "float32")
         self.engine_on_cpu: bool = bool(ready.get("on_cpu", True))
+        self.engine_gpu: str | None = ready.get("gpu_uuid")  # the engine's GPU (its UUID), if on one
+        self._backend: str | None = None
         logger.info("vLLM %s engine up in %.0f s (%s)", self.vllm_version, time.monotonic() - t0, self.engine_dtype)
 
     def _log_tail(self, lines: int = 30) -> str:
@@ -271,12 +278,42 @@ class VLLMSampler:
         logger.debug("pushed weights version %d to vLLM in %.2f s", version, self.sync_seconds[-1])
 
     def push_state(self, weights: Any) -> None:
-        """Broadcast ``(name, tensor)`` pairs (the model's own names) into the engine's model."""
+        """Broadcast ``(name, tensor)`` pairs (the model's own names) into the engine's model
+        (colocated on a GPU: the engine opens the buckets through CUDA IPC handles)."""
+        if self.transport() == "ipc":
+            self._push_ipc(weights)
+            return
         self._ensure_group()
         buckets = self._buckets(weights)
         self._send({"op": "receive_weights", "buckets": [[e for e, _ in b] for b in buckets]})
         self._broadcast_buckets(buckets)
         self._reply("receive_weights")
+
+    def _push_ipc(self, weights: Any) -> None:
+        """Colocated mode: the buckets stay in this process's GPU memory and the engine, on the
+        same GPU, reads them through CUDA IPC (NCCL cannot join two ranks on one device)."""
+        import base64
+        import pickle
+
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        from agents.vllm_engine import bucket_layout
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        buckets = self._buckets(weights)
+        flats, handles = [], []
+        for bucket in buckets:
+            offsets, size = bucket_layout([e for e, _ in bucket])
+            flat = torch.empty(size, dtype=torch.uint8, device=device)
+            for (_, t), start in zip(bucket, offsets):
+                n = t.numel() * t.element_size()
+                flat[start:start + n].view(t.dtype).view(t.shape).copy_(t)
+            flats.append(flat)
+            handles.append(base64.b64encode(pickle.dumps(reduce_tensor(flat)[1])).decode())
+        torch.cuda.synchronize(device)
+        self._call({"op": "receive_weights_ipc", "buckets": [[e for e, _ in b] for b in buckets], "handles": handles})
+        del flats  # the engine has copied them into its model
 
     def _push_adapter(self, model: Any) -> None:
         from agents.lora import adapter_state_dict
@@ -286,6 +323,8 @@ class VLLMSampler:
             raise ValueError(f"the engine serves LoRA ranks up to {self.lora_rank}, the model has {settings.rank}")
         config = settings.peft_config().to_dict()
         config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+        if self.transport() == "ipc":
+            raise NotImplementedError("LoRA adapters served by an engine on the learner's GPU: use lora 'merged'")
         self._ensure_group()
         buckets = self._buckets(adapter_state_dict(model).items(), cast=False)
         self._send({"op": "receive_adapter", "buckets": [[e for e, _ in b] for b in buckets],
@@ -328,6 +367,21 @@ class VLLMSampler:
                 flat[start:start + n].view(t.dtype).view(t.shape).copy_(t)
             broadcast(self._group, flat)
 
+    def transport(self) -> str:
+        """How in-memory pushes travel: ``gloo`` (the engine or this process on the CPU),
+        ``nccl`` (the engine on another GPU) or ``ipc`` (the engine on this process's GPU:
+        NCCL cannot put two ranks on one device, so the engine opens the buckets through CUDA
+        IPC handles)."""
+        if self._backend is None:
+            import torch
+
+            if self.engine_on_cpu or not torch.cuda.is_available():
+                self._backend = "gloo"
+            else:
+                mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+                self._backend = "ipc" if mine == self.engine_gpu else "nccl"
+        return self._backend
+
     def _ensure_group(self) -> None:
         """At the first in-memory push: form the weight group with the engine (rank 0 here)."""
         if self._group is not None:
@@ -336,7 +390,7 @@ class VLLMSampler:
 
         from agents.vllm_engine import new_group
 
-        self._backend = "gloo" if self.engine_on_cpu else "nccl"
+        self.transport()
         self._device = torch.device("cpu") if self._backend == "gloo" else torch.device("cuda", torch.cuda.current_device())
         port = _free_port()
         self._send({"op": "join_weight_group", "host": "127.0.0.1", "port": port, "world_size": 2, "rank": 1,

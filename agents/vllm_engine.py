@@ -31,7 +31,8 @@ vLLM too (:meth:`WeightSyncWorker.freshper_flat_positions`).
 
 Weights: :class:`WeightSyncWorker` joins a ``torch.distributed`` group with the trainer (a
 TCPStore rendezvous and gloo on CPUs, NCCL on GPUs, built with plain torch on both sides, so
-the trainer needs no vLLM) and receives the weights as broadcast buckets of tensors, loaded with
+the trainer needs no vLLM) and receives the weights as broadcast buckets of tensors (or, with
+the trainer on the same GPU, opens the trainer's buckets through CUDA IPC handles), loaded with
 the model's own ``load_weights`` through vLLM's in-place reload (which repacks CPU GEMMs and
 resets the encoder and multi-modal caches); then the prefix cache is reset (KV computed with
 the old weights must not be reused). LoRA adapters go the same way into vLLM's LoRA manager
@@ -78,7 +79,7 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | os.PathLike, *, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int = 0, enforce_eager: bool | None = None, enable_prefix_caching: bool = True,
-                 gpu_memory_utilization: float | None = None, max_images: int = 8, lora_rank: int = 0,
+                 gpu_memory_utilization: float | None = None, max_images: int = 16, lora_rank: int = 0,
                  sleep_mode: bool = False, **llm_kwargs: Any) -> None:
         try:
             from vllm import LLM
@@ -205,6 +206,12 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.syncs += 1
 
+    def receive_weights_ipc(self, buckets: list[list[list[Any]]], handles: list[str]) -> None:
+        """Take the weights from the trainer's CUDA buckets (colocated mode: CUDA IPC handles)."""
+        self.llm.collective_rpc("freshper_receive_weights_ipc", kwargs={"buckets": buckets, "handles": handles})
+        self.llm.reset_prefix_cache()
+        self.syncs += 1
+
     def receive_adapter(self, buckets: list[list[list[Any]]], peft_config: dict[str, Any]) -> int:
         """Take LoRA adapter tensors broadcast now and serve them (as a new adapter id, the old
         one removed); returns the id."""
@@ -279,19 +286,21 @@ def _check_expansion(want: Sequence[int], got: Sequence[int], row: int, image_to
 
 
 def refresh_cpu_gemms(model: Any) -> int:
-    """Re-pack the CPU GEMMs of layers that keep their weight (embeddings and the LM head).
+    """Re-pack the CPU GEMM of a tied LM head after an in-place reload.
 
     vLLM's CPU build packs each linear layer's weight into a oneDNN handle when loading. An
     in-place reload repacks the layers it loads, but a tied LM head shares the embedding's
     weight without loading it, so its handle keeps the old weights (measured: the reloaded
-    model's log-probs were off by up to 4 nats until this ran). Returns the layers repacked.
+    model's log-probs were off by up to 4 nats until this ran). Only LM heads are repacked
+    (repacking every layer again cost as much as the reload). Returns the layers repacked.
     """
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     count = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if hasattr(module, "cpu_linear") and weight is not None and weight.numel() > 0 and weight.ndim == 2:
+        if (name.endswith("lm_head") and hasattr(module, "cpu_linear") and weight is not None
+                and weight.numel() > 0 and weight.ndim == 2):
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
             count += 1
     return count
@@ -381,6 +390,33 @@ class WeightSyncWorker:
                 yield item
 
         self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        return count
+
+    def freshper_receive_weights_ipc(self, buckets: list[list[list[Any]]], handles: list[str]) -> int:
+        """The same as :meth:`freshper_receive_weights` for a trainer on this GPU (colocated
+        mode): each bucket is the trainer's CUDA tensor, opened through its CUDA IPC handle
+        (``torch.multiprocessing``'s reduction, pickled) instead of broadcast."""
+        import base64
+        import pickle
+
+        import torch
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        count = 0
+
+        def tensors():
+            nonlocal count
+            for entries, handle in zip(buckets, handles):
+                flat = rebuild_cuda_tensor(*pickle.loads(base64.b64decode(handle)))
+                offsets, _ = bucket_layout(entries)
+                for (name, dtype, shape), start in zip(entries, offsets):
+                    dt = getattr(torch, dtype)
+                    n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dt).element_size()
+                    count += 1
+                    yield name, flat[start:start + n].view(dt).view(shape)
+
+        self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        torch.cuda.synchronize()
         return count
 
     def freshper_receive_adapter(self, buckets: list[list[list[Any]]], peft_config: dict[str, Any],

