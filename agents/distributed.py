@@ -249,8 +249,17 @@ class EngineOptions:
     in its own process, :class:`agents.vllm_client.VLLMSampler`, with these settings)."""
 
     engine: str = "hf"
+    """sampling engine of training rollouts: 'hf' (the policy's own sampler) or 'vllm' (a vLLM engine in its own process, weights pushed in memory after each update; text tasks and Qwen2-VL/Qwen2.5-VL image tasks)"""
     vllm_python: str | None = None
-    vllm_args: dict[str, Any] = field(default_factory=dict)
+    """python of the environment vLLM is installed in; default $FRESHPER_VLLM_PYTHON, else .venv-vllm/bin/python, else this one"""
+    vllm_args: dict[str, Any] | None = field(default_factory=dict)
+    """vLLM engine settings (JSON): dtype (default: the learner's compute dtype), max_model_len (default --max-context-tokens), gpu_memory_utilization, enforce_eager (default: on CPUs only), weight_sync (memory|files), lora (adapter|merged), colocate, max_images, engine_args (further vllm.LLM arguments); docs/scaling.md"""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"--engine must be hf|vllm, got {self.engine!r}")
+        if self.vllm_args is None:  # a saved run config's "none": no settings
+            object.__setattr__(self, "vllm_args", {})
 
 
 class RolloutWorker:
