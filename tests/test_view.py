@@ -312,9 +312,16 @@ def test_play_loads_models_on_the_device_and_dtype_asked(tmp_path: Path) -> None
     session.step_model()
     assert len(session.trajectory().turns) == 1
     assert Sessions().start(TEXT, 0, TINY).player.policy.model.dtype == torch.float32  # auto on the CPU: fp32
+    capped = Sessions(max_new_tokens=2).start(TEXT, 0, TINY)
+    capped.step_model()
+    sample = capped.trajectory().samples[0]
+    assert capped.player.max_new_tokens == 2 and 1 <= int(sample.loss_mask.sum()) <= 2
     out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path), "--dtype", "fp64"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--dtype must be one of auto|bf16|fp16|fp32" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path), "--max-new-tokens", "0"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--max-new-tokens must be >= 1" in out.stderr
     if not torch.cuda.is_available():
         out = subprocess.run([sys.executable, "-m", "agents.view", str(tmp_path), "--device", "cuda"], cwd=REPO,
                              capture_output=True, text=True, timeout=120)

@@ -23,7 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="torch device play loads models on: cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32: the precision play loads models in "
                                                        "(auto: bf16 on a GPU that supports it, fp32 on the CPU)")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="the model's reply length limit in play, in tokens")
     args = parser.parse_args(argv)
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("PIL", "httpx", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -50,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # runs through DNS rebinding. The Origin check of POSTs holds for every bind.
         loopback = is_loopback(args.host)
         hosts = [*LOOPBACK_HOSTS, args.host.strip("[]"), f"[{args.host.strip('[]')}]"] if loopback else ["*"]
-        app = create_app(args.runs, args.play_dir, allowed_hosts=hosts, device=device, dtype=args.dtype)
+        app = create_app(args.runs, args.play_dir, allowed_hosts=hosts, device=device, dtype=args.dtype,
+                         max_new_tokens=args.max_new_tokens)
     except ViewError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -83,7 +83,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 class Viewer:
     """The app's state: the folder it serves, where played episodes are saved, the play sessions."""
 
-    def __init__(self, root: Path, play_dir: Path | None = None, device: str = "cpu", dtype: str = "auto") -> None:
+    def __init__(self, root: Path, play_dir: Path | None = None, device: str = "cpu", dtype: str = "auto",
+                 max_new_tokens: int = 32) -> None:
         root = Path(root).expanduser().resolve()
         if not root.is_dir():
             raise ViewError(f"{root} is not a folder")
@@ -93,7 +94,7 @@ class Viewer:
             self.only, root = root.name, root.parent
         self.root = root
         self.play_dir = Path(play_dir).expanduser().resolve() if play_dir else (root / "play")
-        self.sessions = Sessions(device=device, dtype=dtype)
+        self.sessions = Sessions(device=device, dtype=dtype, max_new_tokens=max_new_tokens)
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                                       autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined)
         self.env.filters["fmt"] = _fmt
@@ -526,15 +527,17 @@ class SameOriginPosts:
 
 
 def create_app(root: str | Path, play_dir: str | Path | None = None,
-               allowed_hosts: list[str] | None = None, device: str = "cpu", dtype: str = "auto") -> Starlette:
+               allowed_hosts: list[str] | None = None, device: str = "cpu", dtype: str = "auto",
+               max_new_tokens: int = 32) -> Starlette:
     """The viewer app serving the run folders under ``root``; played episodes are saved to
     ``play_dir`` (default ``root/play``). ``allowed_hosts`` are the Host names it answers to
     (default: the loopback names; ``["*"]`` for any). Play loads models on ``device`` in
-    ``dtype`` (``--device``/``--dtype``)."""
+    ``dtype`` (``--device``/``--dtype``) with replies of at most ``max_new_tokens`` tokens."""
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-    viewer = Viewer(Path(root), Path(play_dir) if play_dir else None, device=device, dtype=dtype)
+    viewer = Viewer(Path(root), Path(play_dir) if play_dir else None, device=device, dtype=dtype,
+                    max_new_tokens=max_new_tokens)
 
     async def view_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ViewError)

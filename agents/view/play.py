@@ -281,14 +281,15 @@ def _frame(env: Any) -> np.ndarray | None:
 class Sessions:
     """Play sessions by id (the oldest dropped beyond ``limit``)."""
 
-    def __init__(self, limit: int = 16, device: str = "cpu", dtype: str = "auto") -> None:
+    def __init__(self, limit: int = 16, device: str = "cpu", dtype: str = "auto", max_new_tokens: int = 32) -> None:
         self.limit = limit
         self._items: OrderedDict[str, PlaySession] = OrderedDict()
         self._lock = threading.Lock()
         self.policies = PolicyCache(device=device, dtype=dtype)
+        self.max_new_tokens = int(max_new_tokens)  # the model's reply cap (``--max-new-tokens``)
 
     def start(self, env_id: str, seed: int, model: str, *, greedy: bool = True,
-              env_kwargs: dict[str, Any] | None = None, max_new_tokens: int = 32) -> PlaySession:
+              env_kwargs: dict[str, Any] | None = None, max_new_tokens: int | None = None) -> PlaySession:
         """A new episode of ``env_id`` reset with ``seed``, played by ``model`` (:data:`TINY` or a folder)."""
         import envs
         from agents.interactive import ModelPlayer
@@ -309,7 +310,9 @@ class Sessions:
             obs, info = env.reset(seed=int(seed))
         except (TypeError, ValueError, KeyError, ImportError) as exc:
             raise ViewError(f"cannot start {env_id} with {kwargs or 'its defaults'}: {exc}") from exc
-        player = ModelPlayer(label, env_id, policy=policy, greedy=greedy, max_new_tokens=max_new_tokens, seed=int(seed))
+        player = ModelPlayer(label, env_id, policy=policy, greedy=greedy,
+                             max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                             seed=int(seed))
         player.reset(obs, info)
         session = PlaySession(secrets.token_hex(8), env_id, int(seed), label, env, player, kwargs, obs, info,
                               model_lock=model_lock)
