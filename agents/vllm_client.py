@@ -303,12 +303,13 @@ class VLLMSampler:
         device = torch.device("cuda", torch.cuda.current_device())
         buckets = self._buckets(weights)
         flats, handles = [], []
-        for bucket in buckets:
+        for bucket in buckets:  # held until the engine replies: one copy of the weights in its dtype
             offsets, size = bucket_layout([e for e, _ in bucket])
             flat = torch.empty(size, dtype=torch.uint8, device=device)
-            for (_, t), start in zip(bucket, offsets):
-                n = t.numel() * t.element_size()
-                flat[start:start + n].view(t.dtype).view(t.shape).copy_(t)
+            for ((_, wire, shape), t), start in zip(bucket, offsets):
+                dt = getattr(torch, wire)
+                n = t.numel() * torch.empty((), dtype=dt).element_size()
+                flat[start:start + n].view(dt).view(shape).copy_(t)
             flats.append(flat)
             handles.append(base64.b64encode(pickle.dumps(reduce_tensor(flat)[1])).decode())
         torch.cuda.synchronize(device)
@@ -333,39 +334,60 @@ class VLLMSampler:
         self._reply("receive_adapter")
 
     def _buckets(self, weights: Any, cast: bool = True) -> list[list[tuple[list[Any], Any]]]:
-        """``(name, tensor)`` pairs grouped into buckets of about ``bucket_bytes`` (a tensor
-        larger than that is a bucket of its own), each entry ``([name, dtype, shape], tensor)``;
-        tensors in the engine's dtype unless ``cast`` is False (adapters keep fp32)."""
+        """``(name, tensor)`` pairs grouped into broadcast buckets, each entry ``([name, dtype,
+        shape], tensor)``: a tensor of :data:`DIRECT_BYTES` or more is a bucket of its own (sent
+        from its own memory, no copy), smaller ones are packed together up to ``bucket_bytes``.
+        Tensors are sent in the engine's dtype unless ``cast`` is False (adapters keep fp32),
+        converted one at a time as they are sent (never a second copy of the model)."""
         import torch
 
         dtype = getattr(torch, self.engine_dtype)
-        buckets: list[list[tuple[list[Any], Any]]] = [[]]
+        buckets: list[list[tuple[list[Any], Any]]] = []
+        small: list[tuple[list[Any], Any]] = []
         size = 0
         for name, tensor in weights:
             t = tensor.detach()
-            if cast and t.is_floating_point() and t.dtype != dtype:
-                t = t.to(dtype)
-            nbytes = t.numel() * t.element_size()
-            if buckets[-1] and size + nbytes > self.bucket_bytes:
-                buckets.append([])
-                size = 0
-            buckets[-1].append(([name, str(t.dtype).removeprefix("torch."), list(t.shape)], t))
+            wire = dtype if cast and t.is_floating_point() else t.dtype
+            entry = ([name, str(wire).removeprefix("torch."), list(t.shape)], t)
+            nbytes = t.numel() * torch.empty((), dtype=wire).element_size()
+            if nbytes >= DIRECT_BYTES:
+                buckets.append([entry])
+                continue
+            if small and size + nbytes > self.bucket_bytes:
+                buckets.append(small)
+                small, size = [], 0
+            small.append(entry)
             size += nbytes
-        return [b for b in buckets if b]
+        if small:
+            buckets.append(small)
+        return buckets
 
     def _broadcast_buckets(self, buckets: list[list[tuple[list[Any], Any]]]) -> None:
+        """Broadcast each bucket (the engine posts its receives in the same order); at most two
+        in flight, so packing the next overlaps sending this one."""
         import torch
 
         from agents.vllm_engine import broadcast, bucket_layout
 
-        device = "cpu" if self._backend == "gloo" else self._device
+        device = torch.device("cpu") if self._backend == "gloo" else self._device
+        inflight: list[tuple[Any, Any]] = []
         for bucket in buckets:
             offsets, size = bucket_layout([e for e, _ in bucket])
-            flat = torch.empty(size, dtype=torch.uint8, device=device)
-            for (_, t), start in zip(bucket, offsets):
-                n = t.numel() * t.element_size()
-                flat[start:start + n].view(t.dtype).view(t.shape).copy_(t)
-            broadcast(self._group, flat)
+            (_, wire0, _), t0 = bucket[0]
+            if len(bucket) == 1:  # a large tensor: from its own memory when it already is what goes
+                t0 = t0.to(device=device, dtype=getattr(torch, wire0)).contiguous()
+                flat = t0.reshape(-1).view(torch.uint8)
+            else:
+                flat = torch.empty(size, dtype=torch.uint8, device=device)
+                for ((_, wire, shape), t), start in zip(bucket, offsets):
+                    dt = getattr(torch, wire)
+                    n = t.numel() * torch.empty((), dtype=dt).element_size()
+                    flat[start:start + n].view(dt).view(shape).copy_(t)
+            inflight.append((flat, broadcast(self._group, flat, wait=False)))
+            if len(inflight) > 2:
+                inflight.pop(0)[1].wait()
+        for _, work in inflight:
+            work.wait()
 
     def transport(self) -> str:
         """How in-memory pushes travel: ``gloo`` (the engine or this process on the CPU),
@@ -442,6 +464,10 @@ class VLLMSampler:
             self._finalizer()
         self._group = None
         self._store = None
+
+
+#: Tensors of at least this many bytes are broadcast alone, from their own memory.
+DIRECT_BYTES = 4 << 20
 
 
 def named_weights(model: Any):

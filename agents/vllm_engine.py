@@ -231,7 +231,11 @@ class VLLMEngine:
     def reload(self, weights_path: str | os.PathLike) -> None:
         """Load the weights in ``weights_path`` (a ``save_pretrained`` folder) in place, then
         drop every cached prefix (its KV belongs to the old weights)."""
+        import time
+
+        t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
+        logger.info("reloaded the weights from %s in %.2f s", weights_path, time.perf_counter() - t0)
         if self.on_cpu:
             self.llm.apply_model(refresh_cpu_gemms)
         self.llm.reset_prefix_cache()
@@ -346,13 +350,17 @@ def new_group(host: str, port: int, world_size: int, rank: int, backend: str, ti
     return store, group
 
 
-def broadcast(group: Any, tensor: Any) -> None:
-    """Rank 0's ``tensor`` into every rank's (in place)."""
+def broadcast(group: Any, tensor: Any, wait: bool = True) -> Any:
+    """Rank 0's ``tensor`` into every rank's (in place); with ``wait=False`` the pending work
+    (``.wait()`` it before touching ``tensor``)."""
     import torch.distributed as dist
 
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    group.broadcast([tensor], opts).wait()
+    work = group.broadcast([tensor], opts)
+    if wait:
+        work.wait()
+    return work
 
 
 class WeightSyncWorker:
@@ -367,29 +375,47 @@ class WeightSyncWorker:
         self._freshper_device = "cpu" if backend == "gloo" else device
 
     def _freshper_tensors(self, buckets: list[list[list[Any]]]):
-        """(name, tensor) of each broadcast bucket in turn; a fresh buffer per bucket (the
-        loader may hold a layer's tensors until the layer is complete)."""
+        """(name, tensor) of each broadcast bucket in turn; the next bucket's receive is posted
+        before this one's tensors are loaded, so receiving overlaps loading. A fresh buffer per
+        bucket (the loader may hold a layer's tensors until the layer is complete)."""
         import torch
 
-        for entries in buckets:
+        def post(entries):
             offsets, size = bucket_layout(entries)
             flat = torch.empty(size, dtype=torch.uint8, device=self._freshper_device)
-            broadcast(self._freshper_group, flat)
+            return flat, offsets, broadcast(self._freshper_group, flat, wait=False)
+
+        pending = post(buckets[0]) if buckets else None
+        for i, entries in enumerate(buckets):
+            flat, offsets, work = pending
+            work.wait()
+            pending = post(buckets[i + 1]) if i + 1 < len(buckets) else None
             for (name, dtype, shape), start in zip(entries, offsets):
                 dt = getattr(torch, dtype)
                 n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dt).element_size()
                 yield name, flat[start:start + n].view(dt).view(shape)
 
     def freshper_receive_weights(self, buckets: list[list[list[Any]]]) -> int:
-        count = 0
+        import time
+
+        count, waited = 0, 0.0
 
         def counted():
-            nonlocal count
-            for item in self._freshper_tensors(buckets):
+            nonlocal count, waited
+            tensors = self._freshper_tensors(buckets)
+            while True:
+                t0 = time.perf_counter()
+                item = next(tensors, None)
+                waited += time.perf_counter() - t0
+                if item is None:
+                    return
                 count += 1
                 yield item
 
+        t0 = time.perf_counter()
         self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        logger.info("took %d tensors in %d buckets in memory in %.2f s (%.2f s of it receiving)", count, len(buckets),
+                    time.perf_counter() - t0, waited)
         return count
 
     def freshper_receive_weights_ipc(self, buckets: list[list[list[Any]]], handles: list[str]) -> int:

@@ -197,6 +197,28 @@ def _with_adapters(model_path: Path, prompts, rank: int = 8) -> Policy:
     return lora
 
 
+def test_a_bf16_engine_takes_the_fp32_learners_weights(policy, model_path) -> None:
+    """The GPU default: a bf16 engine beside an fp32 learner. Weights are cast as they are sent
+    (one tensor at a time); the engine then answers as the learner does, its log-probs within
+    bf16's error of the learner's."""
+    from agents.vllm_client import VLLMSampler
+
+    prompts = _prompts(policy, n=4)
+    trained = _trained_to_answer_up(model_path, prompts)
+    want = trained.generate(prompts, max_new_tokens=8, greedy=True)
+    sampler = VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, max_model_len=1024,
+                          dtype="bfloat16")
+    try:
+        before = sampler.generate(prompts, max_new_tokens=8, greedy=True)
+        sampler.push_weights(trained.model, version=1)
+        assert sampler.info()["dtype"] == "bfloat16"
+        after = sampler.generate(prompts, max_new_tokens=8, greedy=True)
+        assert [g.token_ids for g in after] == [g.token_ids for g in want] != [g.token_ids for g in before]
+        assert 0 < _max_gap(trained, prompts, after, 1.0) < 0.1
+    finally:
+        sampler.close()
+
+
 def test_lora_adapters_merged_into_the_pushed_weights(engine, policy, model_path) -> None:
     prompts = _prompts(policy, n=4)
     lora = _with_adapters(model_path, prompts)
