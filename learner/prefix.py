@@ -131,8 +131,9 @@ def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: floa
     if policy.is_vision:
         flat = [im for per in images for im in per]
         kwargs = {**policy.vision_inputs(flat), **policy._mm_types(ids)}
-    if policy.takes_logits_to_keep:
-        kwargs["logits_to_keep"] = t_max - first + 1
+    if policy.takes_logits_to_keep:  # as positions, not a count: the kept hidden states come out contiguous,
+        # and the LM head is one matmul (a strided slice made the CPU copy the head's weight per row)
+        kwargs["logits_to_keep"] = torch.arange(first - 1, t_max, device=device)
     with policy.autocast():
         logits = policy.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
     logits = logits[:, -(t_max - first + 1):]  # positions first-1 .. t_max-1
