@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,16 +37,21 @@ _PEFT_PREFIX = "base_model.model."
 
 @dataclass
 class LoraSettings:
-    """``--lora-rank``, ``--lora-alpha``, ``--lora-targets``, ``--lora-dropout``."""
+    """LoRA adapters: ``train.py``'s ``lora`` settings (``--lora-rank``, ``--lora-alpha``,
+    ``--lora-targets``, ``--lora-dropout``; ``learner.config``); rank 0: none, every weight trains."""
 
-    rank: int
-    alpha: float | None = None  # default: 2 x rank
-    targets: str = "all-linear"
-    dropout: float = 0.0
+    rank: int = field(default=0, metadata={"locked": True})
+    """train LoRA adapters of this rank on the language model's projections instead of every weight (0: full fine-tuning); the base stays frozen (in --dtype), the KL reference is the base with the adapters off, checkpoints hold the adapters alone (python -m agents.merge_lora merges one)"""
+    alpha: float | None = field(default=None, metadata={"locked": True})
+    """LoRA scale alpha (the update is B A alpha / rank); default 2 x --lora-rank"""
+    targets: str = field(default="all-linear", metadata={"locked": True})
+    """LoRA target modules: 'all-linear' (q,k,v,o,gate,up,down projections of the language model; never the vision tower or the LM head) or a comma-separated list of module names, e.g. q_proj,v_proj"""
+    dropout: float = field(default=0.0, metadata={"locked": True})
+    """dropout on the LoRA branch's input while training"""
 
     def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ValueError(f"--lora-rank must be >= 1, got {self.rank}")
+        if self.rank < 0:
+            raise ValueError(f"--lora-rank must be >= 0 (0: full fine-tuning), got {self.rank}")
         if self.alpha is not None and not self.alpha > 0:
             raise ValueError(f"--lora-alpha must be > 0, got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:
@@ -89,6 +94,8 @@ def add_lora(policy, settings: LoraSettings) -> None:
     (their initial ``B = 0`` leaves the policy's outputs unchanged)."""
     from peft import inject_adapter_in_model
 
+    if settings.rank < 1:
+        raise ValueError(f"--lora-rank must be >= 1 to add adapters, got {settings.rank}")
     if has_lora(policy.model):
         raise ValueError("the policy already carries LoRA adapters")
     model = policy.model

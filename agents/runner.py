@@ -17,6 +17,7 @@ would exceed ``max_context_tokens`` the episode ends with ``truncated=True`` bef
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
@@ -81,22 +82,48 @@ def default_env_kwargs(env_id: str, context: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are played: one value shared by every phase of a run (pretraining
-    prompts, collection, evaluation), so they all see the same prompts."""
+    prompts, collection, evaluation), so they all see the same prompts. ``train.py``'s
+    ``rollout`` settings (``learner.config``); ``locked`` fields cannot change on resume."""
 
-    env_id: str
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    context: str = "window:0"
-    group_size: int = 8
+    env_id: str = field(metadata={"locked": True})
+    """registered task id (python -m envs list)"""
+    env_kwargs: dict[str, Any] | None = field(default=None, metadata={"locked": True})
+    """keyword arguments of the task (JSON on the command line); default: {"feedback": false} for tasks whose board is their whole state (FrozenLake, Sokoban) in window:0 context, else {}"""
+    context: str = field(default="window:0", metadata={"locked": True})
+    """prompt context: 'full' (whole conversation) or 'window:k' (instructions + last k turns)"""
+    group_size: int = field(default=8, metadata={"locked": True})
+    """G: rollouts per task, the GRPO group"""
     max_new_tokens: int = 16
+    """reply length limit per turn, in tokens"""
     temperature: float = 1.0
+    """sampling temperature of rollouts (log-probs are taken at the same temperature)"""
     max_context_tokens: int = 2048
+    """per-episode context budget; an episode that would overflow is truncated cleanly"""
+
+    def __post_init__(self) -> None:
+        window = self.context.split(":", 1)
+        if not (self.context == "full" or (window[0] == "window" and len(window) == 2 and window[1].isdigit())):
+            raise ValueError(f"--context must be 'full' or 'window:k', got {self.context!r}")
+        if self.group_size < 1:
+            raise ValueError(f"--group-size must be >= 1, got {self.group_size}")
+        if self.max_new_tokens < 1:
+            raise ValueError("--max-new-tokens must be >= 1")
+        if self.max_context_tokens <= self.max_new_tokens:
+            raise ValueError("--max-context-tokens must exceed --max-new-tokens")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError("--temperature must be a positive number")
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """The task's keyword arguments: ``env_kwargs``, or where it is None the task's default
+        in this context (:func:`default_env_kwargs`)."""
+        return dict(self.env_kwargs) if self.env_kwargs is not None else default_env_kwargs(self.env_id, self.context)
 
     def runner(self, policy: Policy, *, seed: int = 0, group_size: int | None = None,
                sampler: Sampler | None = None) -> "Runner":
         """A runner playing these settings (``group_size`` overrides G, e.g. 1 for evaluation;
         ``sampler`` generates instead of the policy, e.g. a vLLM engine)."""
         cfg = self if group_size is None else replace(self, group_size=group_size)
-        return Runner(policy, cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=cfg.group_size, context=cfg.context,
+        return Runner(policy, cfg.env_id, env_kwargs=cfg.task_kwargs(), group_size=cfg.group_size, context=cfg.context,
                       max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                       max_context_tokens=cfg.max_context_tokens, seed=seed, sampler=sampler)
 

@@ -63,14 +63,15 @@ def time_pretraining(model: Path, device: str, steps: int, seed: int, env_id: st
 def time_iterations(model: Path, device: str, iterations: int, seed: int, env_id: str, root: Path,
                     name: str) -> dict[str, float]:
     """Median seconds of each phase of an RL iteration on ``device`` (iterations after the first)."""
-    import train
+    import learner.run
+    from learner.config import make_config
     from learner.report import read_metrics
 
-    cfg = train.Config(env_id=env_id, model=str(model), pretrain_steps=0, iterations=iterations, device=device,
-                       seed=seed, eval_every=0, final_eval_episodes=8, checkpoint_every=0, progress=False,
-                       tensorboard=False, runs_root=str(root), run_name=name)
-    train.train(cfg)
-    rows = [r for r in read_metrics(root / cfg.run_name / "metrics.jsonl") if r["kind"] == "train"]
+    cfg = make_config(env_id=env_id, model=str(model), pretrain_steps=0, iterations=iterations, device=device,
+                      seed=seed, eval_every=0, final_eval_episodes=8, checkpoint_every=0, progress=False,
+                      tensorboard=False, runs_root=str(root), run_name=name)
+    learner.run.train(cfg)
+    rows = [r for r in read_metrics(root / cfg.run.run_name / "metrics.jsonl") if r["kind"] == "train"]
     out = {k: float(np.median([r[k] for r in rows[1:] if k in r])) for k in PHASES if k != "time_total_s"}
     # time_total_s is the run's RL seconds so far: an iteration's is the step between two rows
     out["time_total_s"] = float(np.median(np.diff([r["time_total_s"] for r in rows])))

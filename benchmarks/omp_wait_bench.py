@@ -9,7 +9,7 @@ per setting, because OpenMP reads ``OMP_WAIT_POLICY`` once when torch loads: 1 t
 threads sleeping (``PASSIVE``), spinning (``ACTIVE``) and libgomp's default (spin a while,
 then sleep). With ``--busy`` (default) the 2-thread settings run again beside a busy loop on
 another core. Prints seconds and the ratio to the 1-thread time measured in the same run; run it on an otherwise idle machine (it prints the load average at start).
-``train.py`` chooses the policy from what this shows (``train.default_omp_wait_policy``).
+``train.py`` chooses the policy from what this shows (``learner.machine.default_omp_wait_policy``, called by its ``main()``).
 """
 
 from __future__ import annotations

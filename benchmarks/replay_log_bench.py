@@ -8,7 +8,7 @@ Two runs of ``train.py``'s default settings (the cached pretrained start model, 
 episodes and two replay updates of 16 per iteration), one with ``--replay-log-mb 64`` (the
 default) and one with ``--replay-log-mb 0``, are set up side by side and stepped in turns, one
 iteration each (so load from other work on the machine falls on both alike); each iteration is
-timed from outside (``train.iteration`` plus writing its metrics line). Printed: the median
+timed from outside (``learner.run.iteration`` plus writing its metrics line). Printed: the median
 iteration time of each and their ratio, the log's own seconds per iteration (what its calls
 measured), its bytes per iteration, and whether both runs computed the same metrics (they
 must: the log draws no random numbers and changes no computation). docs/performance_replay.md
@@ -30,10 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="train.Config settings over the default (values as JSON where they parse)")
+                        help="settings (flag names, learner.config) over the default (values as JSON where they parse)")
     args = parser.parse_args(argv)
 
-    import train
+    import learner.run
+    from learner.build import reference_policy
+    from learner.config import make_config
     from learner.replay_log import log_size
 
     extra = {}
@@ -46,12 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="replay-log-bench-"))
     runs = {}
     for name, mb in (("with log", 64.0), ("without", 0.0)):
-        cfg = train.Config(runs_root=str(root), run_name=name.replace(" ", "_"), iterations=args.iterations,
-                           progress=False, tensorboard=False, eval_every=0, replay_log_mb=mb, **extra)
-        train.validate(cfg)
-        run = train.setup(cfg)
+        cfg = make_config(runs_root=str(root), run_name=name.replace(" ", "_"), iterations=args.iterations,
+                          progress=False, tensorboard=False, eval_every=0, replay_log_mb=mb, **extra)
+        run = learner.run.setup(cfg)
         run.policy.save_pretrained(run.dir / "reference")  # what start_of_rl saves; its evaluations are not timed
-        run.ref = train.reference_policy(run.policy, run.dir) if cfg.kl_coef else None
+        run.ref = reference_policy(run.policy, run.dir) if cfg.loss.kl_coef else None
         runs[name] = run
     times: dict[str, list[float]] = {name: [] for name in runs}
     rows: dict[str, list[dict]] = {name: [] for name in runs}
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         for it in range(args.iterations):
             for name, run in runs.items():
                 t0 = time.perf_counter()
-                row = train.iteration(run)
+                row = learner.run.iteration(run)
                 run.metrics.log(row)
                 times[name].append(time.perf_counter() - t0)
                 rows[name].append(row)

@@ -137,7 +137,8 @@ def bench_train(model: Path, rollout: RolloutConfig, tasks: int, iterations: int
                 rounds: int) -> list[dict[str, str]]:
     """train.py runs per setting, the settings taking turns for ``rounds`` rounds; each row is the
     median over its rounds."""
-    import train
+    import learner.run
+    from learner.config import make_config
     from learner.report import read_metrics
 
     common = dict(env_id=SEARCH, env_kwargs=dict(rollout.env_kwargs), model=str(model), pretrain_steps=0,
@@ -152,7 +153,7 @@ def bench_train(model: Path, rollout: RolloutConfig, tasks: int, iterations: int
         for name, extra in settings:
             run_name = f"{name.replace(' ', '_').replace(',', '').replace('-', '')}_{r}"
             with contextlib.redirect_stdout(io.StringIO()):  # train.py's config and summary printouts
-                train.train(train.Config(run_name=run_name, seed=r, **common, **extra))
+                learner.run.train(make_config(run_name=run_name, seed=r, **common, **extra))
             rows = [x for x in read_metrics(runs_root / run_name / "metrics.jsonl") if x["kind"] == "train"]
             seconds = rows[-1]["time_total_s"] - rows[0]["time_total_s"]  # after the first iteration
             episodes = rows[-1]["episodes"] - rows[0]["episodes"]

@@ -93,19 +93,20 @@ def bench_ours(modality: str, iterations: int, tasks: int, group: int, threads: 
                single_turn: bool = False) -> dict:
     """Run the training loop for a few iterations; return the medians of its timing metrics
     (the run folder, with the start-of-RL policy in ``reference/``, stays under ``root``)."""
-    import train
+    import learner.run
+    from learner.config import make_config
     from learner.report import read_metrics
 
     env_id = "freshper/FrozenLake-v0" if modality == "text" else "freshper/FrozenLakeVision-v0"
     name = f"{modality}{'_single' if single_turn else ''}"
-    cfg = train.Config(
+    cfg = make_config(
         runs_root=str(root), run_name=name, env_id=env_id, tasks_per_iter=tasks, group_size=group,
         iterations=iterations, pretrain_steps=40, pretrain_dynamics=0.0, diagnostics=False,
         final_eval_episodes=1, eval_every=0, checkpoint_every=0, replay="none" if single_turn else "fresh",
         replay_ratio=1, threads=threads, progress=False, tensorboard=False, gifs=0, eval_both=False,
         env_kwargs={"max_turns": 1} if single_turn else {},
     )
-    train.train(cfg)
+    learner.run.train(cfg)
     rows = [r for r in read_metrics(root / name / "metrics.jsonl") if r["kind"] == "train"][1:]
     keys = ("time_rollout_s", "time_update_s", "time_buffer_s", "time_replay_s", "tokens_per_s", "seq_tokens",
             "tokens", "turns_mean", "invalid_rate")

@@ -1,5 +1,5 @@
-"""Pieces of the learner that ``train.py`` composes: the IS-corrected GRPO loss, atomic
-checkpoints, and run reporting (metrics, TensorBoard, curves, summary, board-reading probe).
-
-Pure helpers with no training loop of their own; the loop lives in ``train.py``.
+"""The learner: a run's settings (``config``), the run itself (``run``: setup -> start of RL ->
+loop -> iteration -> finish, built by ``build``), the IS-corrected GRPO loss and updates,
+pretraining, the run state, atomic checkpoints, evaluations and reporting (metrics, trackers,
+curves, summary). ``train.py`` is the command line over :func:`learner.run.train`.
 """

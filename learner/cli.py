@@ -1,20 +1,17 @@
-"""A dataclass becomes a command line: one flag per field, its help the docstring under the
-field (as CleanRL does with tyro), ``--config FILE.yaml`` for experiment files, and errors that
-name the nearest valid key."""
+"""Settings become a command line: one flag per dataclass field, its help the docstring under
+the field (as CleanRL does with tyro), values checked against the field's type with errors that
+name the flag, and ``--config FILE.yaml`` experiment files read safely (``learner.config`` puts
+these together for train.py)."""
 
 from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
-import difflib
 import inspect
 import os
-from typing import Any, TypeVar
+from typing import Any
 
 from agents.safeio import UnsafeFileError, load_yaml, loads_json, read_text
-
-T = TypeVar("T")
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -46,22 +43,18 @@ def parse_value(kind: str, text: str) -> Any:
     return casts[base](text)
 
 
-def dataclass_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:
-    """``--config`` plus ``--field-name`` per field; unset flags are absent from the result."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file of config values (flags given here override it)")
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        kind = str(f.type)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
-        if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        else:
-            parser.add_argument(flag, type=lambda s, k=kind: parse_value(k, s), default=argparse.SUPPRESS,
-                                metavar=kind.replace(" | None", "").upper(), help=help_text)
-    return parser
+def add_flag(parser: argparse.ArgumentParser, name: str, kind: str, default: Any, doc: str) -> None:
+    """``--name`` (underscores as dashes) for a setting of type ``kind`` (``bool``: a
+    ``--name/--no-name`` pair), its help ``doc`` and its default; unset, it is absent from the
+    parsed result (``dest`` is ``name``)."""
+    flag = "--" + name.replace("_", "-")
+    help_text = f"{doc} (default: {default})"
+    if kind == "bool":
+        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                            help=help_text)
+    else:
+        parser.add_argument(flag, dest=name, type=lambda s, k=kind: parse_value(k, s), default=argparse.SUPPRESS,
+                            metavar=kind.replace(" | None", "").upper(), help=help_text)
 
 
 def check_type(name: str, kind: str, value: Any) -> Any:
@@ -85,18 +78,6 @@ def check_type(name: str, kind: str, value: Any) -> Any:
             return value
     shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
     raise ValueError(f"{flag} must be {' or '.join(kinds)}, got {shown} ({type(value).__name__})")
-
-
-def replace_checked(base: T, values: dict[str, Any]) -> T:
-    """``dataclasses.replace`` that rejects unknown keys with a did-you-mean hint and values of
-    the wrong type with the flag's name."""
-    fields = {f.name: str(f.type) for f in dataclasses.fields(base)}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, fields, 1)) else k for k in unknown]
-        raise ValueError(f"unknown config keys: {', '.join(hints)}")
-    checked = {k: check_type(k, fields[k], v) for k, v in values.items()}
-    return dataclasses.replace(base, **checked)  # type: ignore[type-var]
 
 
 #: A config file larger than this is refused (the repository's are ~1 KB).

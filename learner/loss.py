@@ -35,21 +35,30 @@ def age_bucket_name(lo: int, hi: float) -> str:
 
 @dataclass
 class LossConfig:
-    """The knobs of :func:`grpo_loss` (``train.Config`` fills them from the CLI)."""
+    """The knobs of :func:`grpo_loss`: ``train.py``'s ``loss`` settings (``learner.config``)."""
 
-    loss: str = "clip"  # "clip" or "tis"
+    loss: str = "clip"
+    """'clip': clipped surrogate with dual clip; 'tis': truncated importance sampling"""
     clip_low: float = 0.2
+    """lower clip: ratios below 1 - clip_low are clipped"""
     clip_high: float = 0.2
-    dual_clip: float | None = 3.0  # None or <= 1 disables the dual clip
+    """upper clip: ratios above 1 + clip_high are clipped"""
+    dual_clip: float | None = 3.0
+    """dual-clip constant c for negative advantages (none, or <= 1: off)"""
     tis_cap: float = 2.0
+    """truncation C of the 'tis' loss"""
     sequence_ratio: bool = False
+    """use one (geometric-mean) ratio per sequence instead of per token"""
     kl_coef: float = 0.0
+    """weight of the k3 KL to the reference policy (the policy RL starts from); 0: off"""
 
     def __post_init__(self) -> None:
         if self.loss not in ("clip", "tis"):
-            raise ValueError(f"loss must be 'clip' or 'tis', got {self.loss!r}")
+            raise ValueError(f"--loss must be clip|tis, got {self.loss!r}")
         if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("clip_low and clip_high must be >= 0")
+            raise ValueError("--clip-low and --clip-high must be >= 0")
+        if not (math.isfinite(self.kl_coef) and self.kl_coef >= 0):
+            raise ValueError(f"--kl-coef must be a number >= 0, got {self.kl_coef}")
 
 
 def grpo_loss(

@@ -72,74 +72,93 @@ PRETRAIN_VERSION = 2
 MARKER = "freshper_pretrain.json"
 
 
+#: Pretraining steps of the embedded default (``steps=None``).
+DEFAULT_PRETRAIN_STEPS = 400
+#: The embedded default's pretraining goes on past its steps until the model writes this share
+#: of held-out next boards exactly (``until_exact=None`` with ``steps=None``): most seeds pass
+#: 0.80 at 400 steps, a few stall near 0.1 there
+#: (docs/results/frozenlake.md#pretraining-until-the-model-writes-the-next-board).
+DEFAULT_PRETRAIN_EXACT = 0.5
+
+#: Field metadata: ``locked``, the setting cannot change when a run resumes; ``flag``, its
+#: command-line name where that is not ``pretrain_`` + the field's; ``setting: False``, not a
+#: setting of its own (``learner.config`` fills it from another section, or it keeps its default).
+_LOCKED = {"locked": True}
+
+
 @dataclass
 class PretrainConfig:
-    """The pretraining recipe (``train.py`` fills it from its ``--pretrain-*`` flags)."""
+    """The pretraining recipe: ``train.py``'s ``pretrain`` settings (``learner.config``; flags
+    ``--pretrain-*``). ``None`` in ``steps`` or ``until_exact`` is train.py's default, which
+    :meth:`recipe` resolves."""
 
-    steps: int = 400
-    """optimizer steps"""
-    batch: int = 64
-    """examples per step (also the number of random-play streams)"""
-    lr: float = 1e-3
-    """Adam learning rate"""
-    dynamics_fraction: float = 0.5
-    """share of dynamics examples (the rest are format examples); 0: a format-only warm-up"""
-    observe_fraction: float = 0.0
-    """share of observation examples (the state shown -> the state in the task's text notation),
-    taken from the dynamics share: pure perception, useful where the state is an image"""
-    reasoning: str = "none"
-    """``"lookahead"`` / ``"state"`` / ``"aim"``: format replies start with the task's lookahead /
-    the state in its text notation / its aim and then the lookahead, in a think tag (see the
-    module docstring); ``"none"``: the bare reply"""
-    max_grad_norm: float = 1.0
-    """gradient clipping by global norm"""
-    seconds: float | None = None
-    """stop early after this many seconds (None: no cap)"""
-    until_exact: float = 0.0
-    """after ``steps``, keep training in rounds of ``check_every`` steps until the model writes
-    this share of held-out dynamics replies exactly (greedy), e.g. the next board; 0: off"""
-    max_steps: int = 0
-    """with ``until_exact``: stop there even below the bar (0: four times ``steps``)"""
-    check_every: int = 100
+    steps: int | None = dataclasses.field(default=DEFAULT_PRETRAIN_STEPS, metadata=_LOCKED)
+    """pretraining optimizer steps; None (train.py's default): 400 for the embedded model (built once and cached), 0 with --model"""
+    batch: int = dataclasses.field(default=64, metadata=_LOCKED)
+    """examples per pretraining step (also the number of random-play streams)"""
+    lr: float = dataclasses.field(default=1e-3, metadata=_LOCKED)
+    """Adam learning rate of pretraining"""
+    dynamics_fraction: float = dataclasses.field(default=0.5, metadata={"locked": True, "flag": "pretrain_dynamics"})
+    """share of dynamics examples (state + move -> what it leads to); the rest are random well-formed replies; 0: a format-only warm-up"""
+    observe_fraction: float = dataclasses.field(default=0.0, metadata={"locked": True, "flag": "pretrain_observe"})
+    """share of observation examples (the state as shown -> the state as text), taken from the dynamics share: perception alone, for image tasks"""
+    reasoning: str = dataclasses.field(default="none", metadata={"locked": True, "flag": "reasoning"})
+    """what a reply writes before its answer, in a think tag taught by the pretraining's format replies: 'none'; 'lookahead': what each legal action leads to (the task's lookahead_text); 'state': the state in the task's text notation (render_text; an image task's policy transcribes the image, then answers); 'aim': where the agent's target lies (the task's aim_text, e.g. Sokoban's 'box Up Left goal Down'), then the lookahead; 'subgoal': the next place to reach and what to do there (the task's subgoal_text, e.g. Sokoban's 'stand Up Left push Right'), then the lookahead. Needs --max-new-tokens room for it"""
+    max_grad_norm: float = dataclasses.field(default=1.0, metadata={"setting": False})
+    """gradient clipping by global norm (a run's --max-grad-norm)"""
+    seconds: float | None = dataclasses.field(default=None, metadata=_LOCKED)
+    """stop pretraining after this many seconds (a capped pretraining is not cached)"""
+    until_exact: float | None = dataclasses.field(default=0.0, metadata=_LOCKED)
+    """after --pretrain-steps, keep pretraining in rounds of 100 steps until the model writes this share of held-out next states exactly (greedy; on two held-out random-play transitions per --pretrain-batch stream, at most 128), up to --pretrain-max-steps; 0: off. None (train.py's default): 0.5 when --pretrain-steps is not given (the embedded default's recipe), else 0"""
+    max_steps: int | None = dataclasses.field(default=None, metadata=_LOCKED)
+    """with --pretrain-until-exact: stop there even below the bar (default, None or 0: 4x --pretrain-steps)"""
+    check_every: int = dataclasses.field(default=100, metadata={"setting": False})
     """with ``until_exact``: steps between two measurements of the held-out exact rate"""
-    follow_steps: int = 0
-    """a second stage of this many steps after the first (built on the first's cached model):
-    its format replies' moves follow the think tag's subgoal words with share ``follow_fraction``
-    (:meth:`~envs.base.MultiTurnEnv.subgoal_moves`), so the model learns what the words mean as
-    a move. Needs ``reasoning="subgoal"``; 0: no second stage"""
-    success_fraction: float = 0.0
-    """share of the format examples that are turns of random-play episodes that succeeded
-    (imitation of random play's successes, :meth:`TransitionStreams.success_example`): the one
-    part of the pretraining that uses the task's reward, for tasks whose random play succeeds
-    now and then but whose RL start too rarely does (SearchQA). The episodes random play takes
-    to find them count in ``pretrain_episodes``; 0: off"""
-    follow_fraction: float = 1.0
-    """with ``follow_steps``: the share of the second stage's format replies whose move follows
-    the words (a uniform draw among the moves that do; the rest stay random)"""
+    follow_steps: int = dataclasses.field(default=0, metadata=_LOCKED)
+    """a second pretraining stage of this many steps, with --reasoning subgoal: --pretrain-follow of its format replies play a move that does what the think tag's subgoal words say (the task's subgoal_moves), so the model learns what its words mean as a move; the first stage is cached on its own. 0: none"""
+    success_fraction: float = dataclasses.field(default=0.0, metadata={"locked": True, "flag": "pretrain_success"})
+    """share of the pretraining's format examples that are turns of random-play episodes that succeeded (imitation of random play's successes, the only part of the pretraining that uses the task's reward; the episodes random play takes to find them count in the pretraining's episodes); for tasks whose random play sometimes succeeds and whose RL start too rarely does (SearchQA). 0: off"""
+    follow_fraction: float = dataclasses.field(default=1.0, metadata={"locked": True, "flag": "pretrain_follow"})
+    """with --pretrain-follow-steps: the share of the second stage's format replies whose move follows the words (the rest stay random; a uniform draw among the moves that do); docs/results/sokoban.md#following-the-words compares shares"""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch < 1:
-            raise ValueError("pretraining steps must be >= 0 and batch >= 1")
-        if not 0.0 <= self.until_exact <= 1.0:
-            raise ValueError(f"until_exact must be in [0, 1], got {self.until_exact}")
-        if self.max_steps < 0 or self.check_every < 1:
-            raise ValueError("max_steps must be >= 0 and check_every >= 1")
-        if self.until_exact > 0 and self.max_steps and self.max_steps < self.steps:
-            raise ValueError(f"max_steps ({self.max_steps}) must be >= steps ({self.steps})")
+        steps = DEFAULT_PRETRAIN_STEPS if self.steps is None else self.steps
+        if steps < 0:
+            raise ValueError("--pretrain-steps must be >= 0")
+        if self.batch < 1 or not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError("--pretrain-batch must be >= 1 and --pretrain-lr a positive number")
         if not 0.0 <= self.dynamics_fraction <= 1.0:
-            raise ValueError(f"dynamics_fraction must be in [0, 1], got {self.dynamics_fraction}")
+            raise ValueError(f"--pretrain-dynamics must be in [0, 1], got {self.dynamics_fraction}")
         if not 0.0 <= self.observe_fraction <= self.dynamics_fraction:
-            raise ValueError(f"observe_fraction must be in [0, dynamics_fraction], got {self.observe_fraction}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"pretraining lr must be a positive number, got {self.lr}")
+            raise ValueError(f"--pretrain-observe must be in [0, --pretrain-dynamics], got {self.observe_fraction}")
+        if self.until_exact is not None and not 0.0 <= self.until_exact <= 1.0:
+            raise ValueError(f"--pretrain-until-exact must be in [0, 1], got {self.until_exact}")
+        if self.max_steps is not None and (self.max_steps < 0 or 0 < self.max_steps < steps):
+            raise ValueError(f"--pretrain-max-steps must be >= --pretrain-steps ({steps}; 400 by default), "
+                             f"got {self.max_steps}")
+        if self.check_every < 1:
+            raise ValueError("check_every must be >= 1")
         if self.reasoning not in REASONINGS:
-            raise ValueError(f"reasoning must be one of {REASONINGS}, got {self.reasoning!r}")
+            raise ValueError(f"--reasoning must be one of {'|'.join(REASONINGS)}, got {self.reasoning!r}")
         if not 0.0 <= self.success_fraction <= 1.0:
-            raise ValueError(f"success_fraction must be in [0, 1], got {self.success_fraction}")
+            raise ValueError(f"--pretrain-success (success_fraction) must be in [0, 1], got {self.success_fraction}")
         if self.follow_steps < 0 or not 0.0 <= self.follow_fraction <= 1.0:
-            raise ValueError("follow_steps must be >= 0 and follow_fraction in [0, 1]")
+            raise ValueError("--pretrain-follow-steps must be >= 0 and --pretrain-follow in [0, 1]")
         if self.follow_steps and self.reasoning != "subgoal":
-            raise ValueError(f"follow_steps needs reasoning='subgoal' (the words a move follows), got {self.reasoning!r}")
+            raise ValueError(f"--pretrain-follow-steps needs --reasoning subgoal (the words a move follows), "
+                             f"got --reasoning {self.reasoning}")
+        if self.follow_steps and self.seconds is not None:
+            raise ValueError("--pretrain-follow-steps builds on a cached first stage: drop --pretrain-seconds")
+
+    def recipe(self) -> "PretrainConfig":
+        """This recipe with train.py's defaults resolved: ``steps`` None is 400, ``until_exact``
+        None is 0.5 when ``steps`` is None (the embedded default's bar) else 0, ``max_steps``
+        None is 0 (four times ``steps``)."""
+        until = self.until_exact
+        if until is None:
+            until = DEFAULT_PRETRAIN_EXACT if self.steps is None else 0.0
+        return dataclasses.replace(self, steps=DEFAULT_PRETRAIN_STEPS if self.steps is None else self.steps,
+                                   until_exact=until, max_steps=self.max_steps or 0)
 
 
 @dataclass
@@ -337,6 +356,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
              on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Both stages of ``cfg`` on ``policy`` in place (:func:`pretrain_stage`, then with
     ``cfg.follow_steps`` :func:`follow_stage`); their report."""
+    cfg = cfg.recipe()
     report = pretrain_stage(policy, env_id, env_kwargs, cfg, seed=seed, micro_batch=micro_batch, progress=progress,
                             on_step=on_step)
     if cfg.follow_steps:
@@ -376,6 +396,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     rates measured on the way are reported (``pretrain_exact_checks``: ``[step, rate]`` pairs)."""
     from tqdm.auto import tqdm
 
+    cfg = cfg.recipe()
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
                                 cfg.observe_fraction, cfg.reasoning, follow, first_episode, cfg.success_fraction)
     held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision,
@@ -449,7 +470,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
 
 def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig,
               seed: int) -> str:
-    recipe = dataclasses.asdict(cfg)
+    recipe = dataclasses.asdict(cfg.recipe())
     if not recipe["observe_fraction"]:  # the recipe before observation examples existed: same models, same keys
         del recipe["observe_fraction"]
     if recipe["reasoning"] == "none":  # likewise before the lookahead existed
@@ -511,6 +532,7 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
     """
     from agents.tiny import cache_lock, default_cache_dir, task_model
 
+    cfg = cfg.recipe()
     first: dict[str, Any] | None = None
     if cfg.follow_steps:
         if cfg.seconds is not None:  # refused before the first stage is built, not after

@@ -10,7 +10,8 @@ state it trains with cannot disagree.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,34 +49,99 @@ class TrajectoryCodec:
         return Trajectory.from_bytes(data)
 
 
+_LOCKED = {"locked": True}
+
+
 @dataclass
 class ReplaySettings:
-    """The replay buffer's settings (``mode="none"``: no buffer)."""
+    """The replay buffer's settings and how the run replays it: ``train.py``'s ``replay``
+    settings (``learner.config``; ``mode="none"``: no buffer). Field metadata: ``flag``, the
+    command-line name where it is not the field's; ``locked``, it cannot change on resume;
+    ``setting: False``, filled from another section (the run's seed)."""
 
-    mode: str = "none"
-    capacity: int = 640
-    alpha: float = 1.0
-    tau: float = 10.0
-    beta: float = 0.4
-    beta_final: float = 1.0
-    beta_anneal_steps: int = 1000
-    eps: float = 1e-2
-    seed: int = 0
-    auto_tau: bool = False  # set tau online (learner.autotau); ``tau`` is then the starting value
-    target_ess: float = 0.9
-    tau_signal: str = "ess"  # what auto tau keeps at its target: "ess" or "clip" (learner.autotau)
-    target_clip: float = 0.05
-    is_weights: str = "base"  # "base" or "classical" ((N P)^-beta over the buffer)
+    mode: str = field(default="none", metadata={"locked": True, "flag": "replay"})
+    """'fresh' (FreshPER, the default), 'per' (no age decay), 'uniform', or 'none' (on-policy only)"""
+    ratio: int = field(default=2, metadata={"flag": "replay_ratio"})
+    """K: replay updates per iteration (0: none, the on-policy update only)"""
+    batch: int | None = field(default=16, metadata={"flag": "replay_batch"})
+    """trajectories per replay update (none: B x G, as many as one iteration collects)"""
+    capacity: int = field(default=640, metadata={"locked": True, "flag": "buffer_capacity"})
+    """trajectories kept in the buffer (FIFO)"""
+    priority: str = field(default="return", metadata=_LOCKED)
+    """base priority: 'return' (|R| + eps) or 'advantage' (|A| + eps)"""
+    eps: float = field(default=1e-2, metadata={"locked": True, "flag": "priority_eps"})
+    """floor of the base priority"""
+    alpha: float = field(default=1.0, metadata=_LOCKED)
+    """priority exponent"""
+    tau: float | str = field(default=10.0, metadata=_LOCKED)
+    """freshness decay in optimizer steps (sampling half-life tau ln2 / alpha); 'auto': set online from the measured policy drift so replayed tokens keep --tau-target-ess (starting at 10)"""
+    target_ess: float = field(default=0.9, metadata={"locked": True, "flag": "tau_target_ess"})
+    """with --tau auto --tau-signal ess: the IS effective sample size (per token, normalised) replayed data should keep"""
+    signal: str = field(default="ess", metadata={"locked": True, "flag": "tau_signal"})
+    """with --tau auto: what tau keeps at its target, 'ess' (--tau-target-ess) or 'clip': the share of replayed tokens outside the clip range (--tau-target-clip)"""
+    target_clip: float = field(default=0.05, metadata={"locked": True, "flag": "tau_target_clip"})
+    """with --tau auto --tau-signal clip: the share of replayed tokens whose ratio may lie outside the clip range"""
+    beta: float = field(default=0.4, metadata=_LOCKED)
+    """initial IS-correction exponent, annealed linearly to beta_final"""
+    beta_final: float = field(default=1.0, metadata=_LOCKED)
+    """final IS-correction exponent"""
+    is_target: str = field(default="base", metadata=_LOCKED)
+    """what PER's importance weights correct towards: 'base' (the base priorities alone: the base-priority bias is corrected, the age decay kept) or 'uniform' ((N P(i))^-beta, as Schaul et al.); --is-weights classical sets it with --is-normalize buffer"""
+    is_normalize: str = field(default="batch", metadata=_LOCKED)
+    """IS weights are divided by the largest of the sampled 'batch' or of the whole 'buffer' (as Schaul et al.)"""
+    beta_anneal_steps: int = field(default=1000, metadata=_LOCKED)
+    """optimizer steps over which beta anneals (a fixed horizon, so a run extended on resume anneals as one run would)"""
+    log_mb: float = field(default=64.0, metadata={"flag": "replay_log_mb"})
+    """cap of runs/<name>/replay_log, the per-update record of which buffer items were replayed (ids, ages, priorities, probabilities, IS weights, advantages, token IS ratios) that the viewer's replay page reads, in MiB: past it the oldest iterations are deleted (learner/replay_log.py); 0: none"""
+    seed: int = field(default=0, metadata={"setting": False})
+    """seed of the buffer's sampling (the run's --seed)"""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.mode in ("none", "fresh", "per", "uniform"), f"--replay must be none|fresh|per|uniform, got {self.mode!r}"),
+            (self.priority in ("return", "advantage"), f"--priority must be return|advantage, got {self.priority!r}"),
+            (self.is_target in ("base", "uniform"), f"--is-target must be base|uniform, got {self.is_target!r}"),
+            (self.is_normalize in ("batch", "buffer"), f"--is-normalize must be batch|buffer, got {self.is_normalize!r}"),
+            (self.mode == "none" or self.batch is None or 1 <= self.batch <= self.capacity,
+             f"--replay-batch must be between 1 and --buffer-capacity ({self.capacity})"),
+            (self.ratio >= 0, "--replay-ratio must be >= 0"),
+            (self.beta_anneal_steps >= 0, "--beta-anneal-steps must be >= 0"),
+            (self.tau == "auto" or (isinstance(self.tau, (int, float)) and math.isfinite(self.tau) and self.tau > 0),
+             f"--tau must be a positive number or 'auto', got {self.tau!r}"),
+            (0.0 < self.target_ess < 1.0, "--tau-target-ess must be in (0, 1)"),
+            (self.signal in ("ess", "clip"), f"--tau-signal must be ess|clip, got {self.signal!r}"),
+            (0.0 < self.target_clip < 1.0, "--tau-target-clip must be in (0, 1)"),
+            (self.tau != "auto" or self.mode == "fresh", "--tau auto needs --replay fresh"),
+            (math.isfinite(self.log_mb) and self.log_mb >= 0, "--replay-log-mb must be >= 0 (0: no replay log)"),
+            (self.mode == "none" or (self.capacity >= 1 and self.alpha >= 0),
+             "--buffer-capacity must be >= 1 and --alpha >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def auto_tau(self) -> bool:
+        """Whether tau is set online (learner.autotau) from :attr:`start_tau`."""
+        return self.tau == "auto"
+
+    @property
+    def start_tau(self) -> float:
+        """The buffer's tau at the start: ``tau``, or 10 where it is ``"auto"``."""
+        return 10.0 if self.auto_tau else float(self.tau)
+
+    def updates(self) -> int:
+        """Replay updates per iteration (none without a buffer)."""
+        return self.ratio if self.mode != "none" else 0
 
     def build(self):
         if self.mode == "none":
             return None
         from replay.buffer import ReplayBuffer
 
-        return ReplayBuffer(self.capacity, mode=self.mode, alpha=self.alpha, tau=self.tau, beta=self.beta,
+        return ReplayBuffer(self.capacity, mode=self.mode, alpha=self.alpha, tau=self.start_tau, beta=self.beta,
                             beta_final=self.beta_final, beta_anneal_steps=self.beta_anneal_steps, eps=self.eps,
-                            is_target="uniform" if self.is_weights == "classical" else "base",
-                            is_normalize="buffer" if self.is_weights == "classical" else "batch", seed=self.seed)
+                            is_target=self.is_target, is_normalize=self.is_normalize, seed=self.seed)
 
 
 #: Above this many trained parameters Adam runs its fused kernel (one pass over every tensor; on
@@ -115,8 +181,8 @@ class TrainerState:
         if replay.auto_tau and self.buffer is not None:
             from learner.autotau import TauController
 
-            self.tau_controller = TauController(alpha=replay.alpha, target_ess=replay.target_ess, tau=replay.tau,
-                                                signal=replay.tau_signal, target_clip=replay.target_clip)
+            self.tau_controller = TauController(alpha=replay.alpha, target_ess=replay.target_ess, tau=replay.start_tau,
+                                                signal=replay.signal, target_clip=replay.target_clip)
 
     def set_lr(self, lr: float) -> None:
         """Make ``lr`` the learning rate from now on (optimizer and schedule agree)."""
@@ -167,8 +233,9 @@ class TrainerState:
         if self.buffer is not None:
             keys = ("mode", "capacity", "alpha", "beta", "beta_final", "beta_anneal_steps", "eps")
             keys += () if self.tau_controller is not None else ("tau",)
-            differ = {k: (getattr(self.buffer, k), getattr(self.replay, k)) for k in keys
-                      if getattr(self.buffer, k) != getattr(self.replay, k)}
+            configured = {**{k: getattr(self.replay, k) for k in keys}, "tau": self.replay.start_tau}
+            differ = {k: (getattr(self.buffer, k), configured[k]) for k in keys
+                      if getattr(self.buffer, k) != configured[k]}
             if differ:
                 raise CheckpointError(f"the replay buffer in {folder} was built with other settings "
                                       f"(saved, configured): {differ}")

@@ -109,9 +109,10 @@ VIEW_TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_step
 def make_tiny_run(root: Path, name: str, **overrides) -> Path:
     """Train a real tiny run into ``root/name`` (config, metrics, summary, curves, eval records,
     checkpoints) and return its folder."""
-    import train
+    import learner.run
+    from learner.config import make_config
 
-    train.train(train.Config(runs_root=str(root), run_name=name, **{**VIEW_TINY, "iterations": 1, **overrides}))
+    learner.run.train(make_config(runs_root=str(root), run_name=name, **{**VIEW_TINY, "iterations": 1, **overrides}))
     return root / name
 
 

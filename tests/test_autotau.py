@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -97,28 +96,29 @@ def test_set_tau_samples_exactly_like_a_buffer_built_with_that_tau() -> None:
 
 
 def test_train_with_tau_auto_moves_tau_and_resumes(tmp_path) -> None:
-    import train
+    import learner.run
+    from learner.config import make_config, parse_config, with_settings
     from learner.report import read_metrics
 
-    cfg = train.Config(runs_root=str(tmp_path), run_name="auto", env_id="freshper/FrozenLake-v0", tasks_per_iter=2,
+    cfg = make_config(runs_root=str(tmp_path), run_name="auto", env_id="freshper/FrozenLake-v0", tasks_per_iter=2,
                        group_size=4, max_new_tokens=6, pretrain_steps=10, pretrain_batch=16, pretrain_lr=3e-3,
                        iterations=4, replay="fresh", tau="auto", replay_batch=8, eval_every=0, final_eval_episodes=2,
                        eval_both=False, checkpoint_every=2, progress=False, tensorboard=False, threads=1, lr=3e-3)
-    train.train(cfg)
+    learner.run.train(cfg)
     rows = [r for r in read_metrics(tmp_path / "auto" / "metrics.jsonl") if r["kind"] == "train"]
     assert all("tau" in r for r in rows) and rows[-1]["tau"] != 10.0
     assert any("drift_per_step" in r or "replay_drift_per_step" in r for r in rows)
-    assert train.parse_config(["--tau", "auto", "--replay", "fresh"]).tau == "auto"
+    assert parse_config(["--tau", "auto", "--replay", "fresh"]).replay.tau == "auto"
     assert any(k.endswith("clip_out/age_1-2") for r in rows for k in r)
     # the clip signal: tau follows the clipped share, and a resume keeps the controller's state
-    clip = dataclasses.replace(cfg, run_name="clip", tau_signal="clip", tau_target_clip=0.02, iterations=2)
-    train.train(clip)
-    train.train(train.parse_config(["--resume", str(tmp_path / "clip"), "--iterations", "4"]))
+    clip = with_settings(cfg, run_name="clip", tau_signal="clip", tau_target_clip=0.02, iterations=2)
+    learner.run.train(clip)
+    learner.run.train(parse_config(["--resume", str(tmp_path / "clip"), "--iterations", "4"]))
     rows = [r for r in read_metrics(tmp_path / "clip" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
     assert any("clip_drift_per_step" in r or "replay_clip_drift_per_step" in r for r in rows)
     assert rows[-1]["tau"] != 10.0
     with pytest.raises(ValueError, match="--tau-signal"):
-        train.parse_config(["--tau", "auto", "--replay", "fresh", "--tau-signal", "kl"])
+        parse_config(["--tau", "auto", "--replay", "fresh", "--tau-signal", "kl"])
     with pytest.raises(ValueError, match="--tau auto needs --replay fresh"):
-        train.parse_config(["--tau", "auto", "--replay", "none"])
+        parse_config(["--tau", "auto", "--replay", "none"])

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import train
+import learner.run
+from learner.config import make_config
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(tasks_per_iter=4, group_size=4, max_new_tokens=8, pretrain_steps=30, pretrain_batch=8, eval_every=0, eval_episodes=2,
@@ -27,8 +28,8 @@ def _script():
 @pytest.mark.slow
 def test_buffer_drift_is_zero_for_an_unmoved_policy_and_grows_with_the_learning_rate(tmp_path: Path, capsys) -> None:
     mod = _script()
-    train.train(train.Config(runs_root=str(tmp_path), run_name="still", lr=1e-12, **TINY))
-    train.train(train.Config(runs_root=str(tmp_path), run_name="moved", lr=1e-2, **TINY))
+    learner.run.train(make_config(runs_root=str(tmp_path), run_name="still", lr=1e-12, **TINY))
+    learner.run.train(make_config(runs_root=str(tmp_path), run_name="moved", lr=1e-2, **TINY))
     still = mod.drift(mod.checkpoint_of(tmp_path / "still"), per_bucket=100, seed=0, micro_batch=64)
     # 4 iterations x 16 episodes, 2 optimizer steps per iteration, all kept: ages 2, 4, 6 and 8
     assert sum(r["trajectories"] for r in still) == 64

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-import train
+import learner.run
+from learner.config import make_config, parse_config
 from learner.report import read_metrics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
@@ -31,10 +32,10 @@ def _train_rows(run: Path) -> list[dict]:
 
 
 def test_text_run_trains_on_the_gpu_and_resumes_on_the_cpu(tmp_path: Path) -> None:
-    cfg = train.Config(runs_root=str(tmp_path), run_name="gpu", device="cuda", iterations=2, replay="fresh",
+    cfg = make_config(runs_root=str(tmp_path), run_name="gpu", device="cuda", iterations=2, replay="fresh",
                        replay_ratio=2, replay_batch=4, buffer_capacity=16, kl_coef=0.04, pretrain_steps=4,
                        pretrain_batch=8, **TINY)
-    train.train(cfg)
+    learner.run.train(cfg)
     rows = _train_rows(tmp_path / "gpu")
     assert [r["iteration"] for r in rows] == [1, 2]
     assert all(r["skipped"] == 0.0 and math.isfinite(r["loss"]) for r in rows)
@@ -43,9 +44,9 @@ def test_text_run_trains_on_the_gpu_and_resumes_on_the_cpu(tmp_path: Path) -> No
     assert max(r["behavior_logprob_gap"] for r in rows) < 1e-3
     env = json.loads((tmp_path / "gpu" / "environment.json").read_text())
     assert env[0]["device"].startswith("cuda") and env[0]["gpu"]
-    resumed = train.parse_config(["--resume", str(tmp_path / "gpu"), "--iterations", "3", "--device", "cpu"])
-    assert resumed.device == "cpu"
-    train.train(resumed)
+    resumed = parse_config(["--resume", str(tmp_path / "gpu"), "--iterations", "3", "--device", "cpu"])
+    assert resumed.model.device == "cpu"
+    learner.run.train(resumed)
     rows = _train_rows(tmp_path / "gpu")
     assert [r["iteration"] for r in rows] == [1, 2, 3] and math.isfinite(rows[-1]["loss"])
     assert json.loads((tmp_path / "gpu" / "environment.json").read_text())[-1]["device"] == "cpu"
@@ -73,10 +74,10 @@ def test_gpu_logprobs_match_the_cpu_ones_for_the_same_weights_and_tokens() -> No
 
 
 def test_image_task_trains_on_the_gpu_with_replay(tmp_path: Path) -> None:
-    cfg = train.Config(runs_root=str(tmp_path), run_name="vision", device="cuda", env_id="freshper/FrozenLakeVision-v0",
+    cfg = make_config(runs_root=str(tmp_path), run_name="vision", device="cuda", env_id="freshper/FrozenLakeVision-v0",
                        iterations=2, replay="fresh", replay_batch=4, pretrain_steps=2, pretrain_batch=4,
                        **{**TINY, "eval_every": 0})
-    summary = train.train(cfg)
+    summary = learner.run.train(cfg)
     rows = _train_rows(tmp_path / "vision")
     assert len(rows) == 2 and all(r["skipped"] == 0.0 and math.isfinite(r["loss"]) for r in rows)
     assert max(r["behavior_logprob_gap"] for r in rows) < 1e-3

@@ -145,15 +145,16 @@ def _comparable(rec) -> dict:
 def test_train_py_trains_against_a_served_task_with_the_same_records(tmp_path: Path) -> None:
     """A few tiny iterations of train.py on a served FrozenLake and in-process: the evaluation
     records (which depend on every update before them) and the training metrics agree."""
-    import train
+    import learner.run
+    from learner.config import make_config
     from agents.record import load_records
 
     tiny = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, eval_every=2, eval_episodes=2,
                 final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False, threads=1, iterations=2)
     with Served(LAKE) as served:
-        train.train(train.Config(runs_root=str(tmp_path), run_name="local", env_id=LAKE,
+        learner.run.train(make_config(runs_root=str(tmp_path), run_name="local", env_id=LAKE,
                                  env_kwargs={"feedback": False}, **tiny))
-        train.train(train.Config(runs_root=str(tmp_path), run_name="remote", env_id="freshper/Remote-v0",
+        learner.run.train(make_config(runs_root=str(tmp_path), run_name="remote", env_id="freshper/Remote-v0",
                                  env_kwargs={"url": served.url, "feedback": False}, **tiny))
     phases = sorted(p.name for p in (tmp_path / "local" / "eval").iterdir())
     assert phases and phases == sorted(p.name for p in (tmp_path / "remote" / "eval").iterdir())

@@ -2,7 +2,9 @@
 
 ``envs`` imports neither torch nor ``agents``; ``replay`` imports numpy and the standard library
 only; no package imports a higher layer; the modules of ``agents`` import each other without a
-circle (type-checking-only imports included in the scan, so a protocol is not a loophole).
+circle (type-checking-only imports included in the scan, so a protocol is not a loophole);
+importing train.py or any module of the packages runs nothing: no thread, no read of
+``/proc/stat``, no environment variable set (train.py's ``main()`` does what a run needs first).
 """
 
 from __future__ import annotations
@@ -90,3 +92,47 @@ def test_no_docstring_or_doc_cites_a_design_file_outside_the_repository() -> Non
         if "DESIGN.md" in text:
             offenders.append(str(path.relative_to(REPO)))
     assert not offenders, f"cite docs/design.md instead: {offenders}"
+
+
+#: What importing every module checks (a JSON line): threads started, /proc/stat reads,
+#: environment variables changed, and the modules an optional extra that is not installed keeps out.
+_IMPORT_PROBE = r"""
+import builtins, importlib, io, json, os, sys, threading
+opened = []
+real_open = io.open
+def spy(file, *args, **kwargs):
+    opened.append(str(file))
+    return real_open(file, *args, **kwargs)
+builtins.open = io.open = spy
+env = dict(os.environ)
+threads = {t.ident for t in threading.enumerate()}
+skipped = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        skipped[name] = str(exc)
+print(json.dumps({"stat": [f for f in opened if f.startswith("/proc/stat")],
+                  "threads": [t.name for t in threading.enumerate() if t.ident not in threads],
+                  "env": sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)),
+                  "skipped": skipped}))
+"""
+
+
+#: Variables a library the packages import sets when it is imported (gymnasium's toy-text tasks).
+THIRD_PARTY_ENV = {"PYGAME_HIDE_SUPPORT_PROMPT"}
+
+
+def test_importing_train_or_any_package_module_runs_nothing() -> None:
+    import json
+
+    names = ["train"] + [m for package in LAYERS for m in _modules(package) if not m.endswith("__main__")]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *names], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    changed = [k for k in found["env"] if k not in THIRD_PARTY_ENV]
+    assert found["stat"] == [] and found["threads"] == [] and changed == [], found
+    essential = [m for m in found["skipped"] if m == "train" or m.startswith(("learner", "replay"))]
+    assert not essential, {m: found["skipped"][m] for m in essential}

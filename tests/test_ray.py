@@ -24,7 +24,8 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import train  # noqa: E402
+import learner.run  # noqa: E402
+from learner.config import make_config  # noqa: E402
 from agents.distributed import RayCollector, ShardedCollector, ray_init  # noqa: E402
 from agents.policy import Policy  # noqa: E402
 from agents.runner import RolloutConfig  # noqa: E402
@@ -107,8 +108,8 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 def test_training_with_two_workers_equals_the_in_process_training(cluster, model_path, tmp_path) -> None:
     kw = dict(iterations=2, replay="fresh", replay_batch=4, buffer_capacity=8)
-    train.train(train.Config(runs_root=str(tmp_path), run_name="ray", rollout_workers=2, **TINY, **kw))
-    train.train(train.Config(runs_root=str(tmp_path), run_name="local", rollout_shards=2, **TINY, **kw))
+    learner.run.train(make_config(runs_root=str(tmp_path), run_name="ray", rollout_workers=2, **TINY, **kw))
+    learner.run.train(make_config(runs_root=str(tmp_path), run_name="local", rollout_shards=2, **TINY, **kw))
     ray_rows = [r for r in read_metrics(tmp_path / "ray" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(ray_rows) == 2 and all(r["worker_restarts"] == 0 and r["staleness_max"] == 0 for r in ray_rows)
     assert all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in ray_rows)
@@ -253,10 +254,10 @@ def test_async_training_keeps_versions_and_buffer_ages_exact(cluster, model_path
     from learner.state import REPLAY_FILE, TrajectoryCodec
     from replay.buffer import ReplayBuffer
 
-    cfg = train.Config(runs_root=str(tmp_path), run_name="async", rollout_workers=2, async_collect=True,
+    cfg = make_config(runs_root=str(tmp_path), run_name="async", rollout_workers=2, async_collect=True,
                        iterations=4, replay="fresh", replay_batch=4, replay_ratio=replay_ratio,
                        buffer_capacity=16, **TINY)
-    train.train(cfg)
+    learner.run.train(cfg)
     rows = [r for r in read_metrics(tmp_path / "async" / "metrics.jsonl") if r["kind"] == "train"]
     # 1 + K optimizer steps per iteration (on-policy + K replay updates): iteration 1 is sampled
     # fresh, the later ones one iteration (1 + K versions) behind, and updated with IS ratios, not

@@ -104,12 +104,13 @@ def test_the_log_changes_nothing_the_run_computes(runs: Path) -> None:
 
 
 def test_a_resumed_run_logs_as_if_it_had_never_stopped(runs: Path, tmp_path: Path) -> None:
-    import train
+    import learner.run
+    from learner.config import parse_config
 
     run = tmp_path / "fresh"
     shutil.copytree(runs / "fresh", run)
     before = read_replay_log(run)
-    train.train(train.parse_config(["--resume", str(run / "checkpoints" / "iter_000003"), "--iterations", "4"]))
+    learner.run.train(parse_config(["--resume", str(run / "checkpoints" / "iter_000003"), "--iterations", "4"]))
     after = read_replay_log(run)
     drop = lambda rows: [{k: v for k, v in r.items() if k != "log_seconds"} for r in rows if r["type"] != "header"]
     assert drop(after) == drop(before)

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+import learner.run
 import train
 from agents.policy import Policy
-from learner.checkpoint import list_checkpoints
+from learner.checkpoint import list_checkpoints, save_checkpoint
+from learner.config import Config, make_config, parse_config
 from learner.loss import LossConfig
 from learner.report import read_metrics
 from learner.update import AdapterReference, policy_update
@@ -24,8 +26,8 @@ TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, 
             final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False, threads=1)
 
 
-def tiny_config(tmp_path: Path, **overrides) -> train.Config:
-    return train.Config(runs_root=str(tmp_path), **{**TINY, **overrides})
+def tiny_config(tmp_path: Path, **overrides) -> Config:
+    return make_config(runs_root=str(tmp_path), **{**TINY, **overrides})
 
 
 def _setup(modality: str, seeds=(11, 12)):
@@ -92,12 +94,12 @@ def test_a_bf16_iteration_trains_on_the_cpu_with_fp32_master_weights(tmp_path: P
         pytest.skip("no CPU capability report")
     cfg = tiny_config(tmp_path, run_name="bf16", dtype="bf16", iterations=2, replay="fresh", replay_batch=4,
                       kl_coef=0.04)
-    run = train.setup(cfg)
+    run = learner.run.setup(cfg)
     try:
         assert run.policy.compute_dtype == torch.bfloat16
         assert all(p.dtype == torch.float32 for p in run.policy.model.parameters())  # master weights
-        train.start_of_rl(run)
-        train.loop(run)
+        learner.run.start_of_rl(run)
+        learner.run.loop(run)
         assert next(run.ref.model.parameters()).dtype == torch.bfloat16  # the reference: compute dtype, frozen
         state = run.state.optimizer.state
         assert state and all(s["exp_avg"].dtype == torch.float32 for s in state.values())
@@ -161,11 +163,11 @@ def test_a_lora_run_trains_checkpoints_adapters_resumes_exactly_plays_and_merges
 
     kw = dict(iterations=4, replay="fresh", replay_ratio=1, replay_batch=4, buffer_capacity=8, kl_coef=0.04,
               lora_rank=4, lr=1e-2, pretrain_steps=30, pretrain_batch=16, group_size=4)
-    train.train(tiny_config(tmp_path, run_name="whole", **kw))
-    train.train(tiny_config(tmp_path, run_name="split", **{**kw, "iterations": 2}))
+    learner.run.train(tiny_config(tmp_path, run_name="whole", **kw))
+    learner.run.train(tiny_config(tmp_path, run_name="split", **{**kw, "iterations": 2}))
     with pytest.raises(ValueError, match="--lora-rank"):
-        train.parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4", "--lora-rank", "8"])
-    train.train(train.parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4"]))
+        parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4", "--lora-rank", "8"])
+    learner.run.train(parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4"]))
 
     def rows(run):
         return [{k: v for k, v in r.items() if not ("time" in k or k.endswith("per_s"))}
@@ -212,7 +214,7 @@ def test_checkpoints_keep_the_base_models_generation_config(tmp_path: Path) -> N
 
 def test_the_run_delivers_its_best_policy_loaded_in_place_after_freeing_adams_state(tmp_path: Path,
                                                                                      monkeypatch) -> None:
-    import train as train_module
+    from learner.evaluation import BEST_DIR
 
     loads = []
     real = Policy.from_pretrained.__func__
@@ -222,22 +224,22 @@ def test_the_run_delivers_its_best_policy_loaded_in_place_after_freeing_adams_st
         return real(cls, path, **kw)
 
     cfg = tiny_config(tmp_path, run_name="best", iterations=2, eval_every=0, kl_coef=0.0)
-    run = train_module.setup(cfg)
+    run = learner.run.setup(cfg)
     try:
-        train_module.start_of_rl(run)
-        train_module.loop(run)
+        learner.run.start_of_rl(run)
+        learner.run.loop(run)
         # A best policy of an earlier iteration, with weights of its own (the run's, shifted).
         trained = {k: v.clone() for k, v in run.policy.model.state_dict().items()}
         with torch.no_grad():
             for p in run.policy.model.parameters():
                 p.add_(0.01)
         shifted = {k: v.clone() for k, v in run.policy.model.state_dict().items()}
-        train_module.save_checkpoint(run.dir / train_module.BEST_DIR, 1,
-                                     lambda tmp: run.policy.save_pretrained(tmp / "model"), keep=1 << 30)
+        save_checkpoint(run.dir / BEST_DIR, 1,
+                        lambda tmp: run.policy.save_pretrained(tmp / "model"), keep=1 << 30)
         run.policy.model.load_state_dict(trained)
         run.state.counters.best_iteration = 1
         monkeypatch.setattr(Policy, "from_pretrained", classmethod(counting))
-        train_module.finish(run)
+        learner.run.finish(run)
         assert loads == []  # no second model built
         assert not run.state.optimizer.state  # Adam's moments freed first
         own = run.policy.model.state_dict()
@@ -280,7 +282,7 @@ def test_fp16_compute_trains_with_a_loss_scale_and_an_overflow_skips_the_step_wi
     assert stepped(stats) and stats["grad_norm"] > 0
     assert not all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
     # A run in fp16 builds its loss scale, trains, and checkpoints it.
-    train.train(tiny_config(tmp_path, run_name="fp16", dtype="fp16", iterations=2, kl_coef=0.0))
+    learner.run.train(tiny_config(tmp_path, run_name="fp16", dtype="fp16", iterations=2, kl_coef=0.0))
     saved = torch.load(list_checkpoints(tmp_path / "fp16" / "checkpoints")[-1] / "trainer.pt", weights_only=True)
     assert saved["scaler"] and saved["scaler"]["scale"] > 0
 

@@ -13,11 +13,14 @@ import pytest
 import torch
 import yaml
 
+import learner.run
 import train
 from agents.record import load_records
 from agents.runner import default_env_kwargs
 from learner.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
 from learner.cli import field_docs
+from learner.config import (Config, build_parser, flatten, locked_on_resume, make_config, parse_config,
+                            section_classes, settings, validate)
 from learner.loss import LossConfig
 from learner.update import policy_update
 from learner.report import compare_runs, read_metrics
@@ -29,8 +32,8 @@ TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, 
             final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False, threads=1)
 
 
-def tiny_config(tmp_path: Path, **overrides) -> train.Config:
-    return train.Config(runs_root=str(tmp_path), **{**TINY, **overrides})
+def tiny_config(tmp_path: Path, **overrides) -> Config:
+    return make_config(runs_root=str(tmp_path), **{**TINY, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -57,66 +60,127 @@ def _params(policy) -> list[torch.Tensor]:
 
 # -- config ------------------------------------------------------------------------------------
 def test_every_config_field_is_documented_and_a_flag() -> None:
-    docs = field_docs(train.Config)
-    names = [f.name for f in dataclasses.fields(train.Config)]
-    assert set(names) == set(docs), f"undocumented fields: {set(names) - set(docs)}"
-    help_text = train.build_parser().format_help()
-    for name in names:
+    help_text = build_parser().format_help()
+    flags = set(settings(Config()))
+    for section, cls in section_classes().items():
+        docs = field_docs(cls)
+        names = [f.name for f in dataclasses.fields(cls) if f.metadata.get("setting", True)]
+        assert set(names) <= set(docs), f"undocumented fields of {section}: {set(names) - set(docs)}"
+        others = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("setting", True)]
+        assert set(others) <= {"max_grad_norm", "check_every", "seed"}, f"fields of {section} that are no setting: {others}"
+    for name in flags | set(FLAGS_BEFORE_THE_NESTED_CONFIG):
         assert "--" + name.replace("_", "-") in help_text
+    # the flags of the flat config are settings still, or --is-weights, a shorthand of two of them
+    assert flags | {"is_weights"} >= set(FLAGS_BEFORE_THE_NESTED_CONFIG), set(FLAGS_BEFORE_THE_NESTED_CONFIG) - flags
+    assert flatten({"is_weights": "classical"}) == {"is_target": "uniform", "is_normalize": "buffer"}
+    assert set(locked_on_resume()) == set(LOCKED_BEFORE_THE_NESTED_CONFIG) - {"is_weights"} | {"is_target", "is_normalize"}
+
+
+#: The settings (flags, YAML keys) of train.py when its config was one flat class: each still works.
+FLAGS_BEFORE_THE_NESTED_CONFIG = """run_name runs_root seed start_seed device dtype gradient_checkpointing lora_rank lora_alpha
+    lora_targets lora_dropout threads update_threads env_id env_kwargs train_env_kwargs context model max_new_tokens
+    max_context_tokens temperature tiny_width pretrain_steps pretrain_batch pretrain_lr pretrain_dynamics pretrain_observe
+    pretrain_seconds pretrain_until_exact pretrain_max_steps pretrain_follow_steps pretrain_success pretrain_follow
+    reasoning think_loss tasks_per_iter group_size iterations time_budget advantage gigpo_gamma step_weight loss clip_low
+    clip_high dual_clip tis_cap sequence_ratio kl_coef lr lr_warmup_steps lr_decay adam_beta1 adam_beta2 max_grad_norm
+    micro_batch max_nonfinite replay replay_ratio replay_batch buffer_capacity priority priority_eps alpha tau
+    tau_target_ess tau_signal tau_target_clip beta beta_final is_weights beta_anneal_steps eval_every eval_episodes select
+    final_eval_episodes eval_greedy eval_both diagnostics checkpoint_every keep_checkpoints resume tensorboard report_to
+    replay_log_mb progress gifs rollout_workers rollout_shards async_collect max_staleness max_restarts worker_gpus engine
+    vllm_python vllm_args""".split()
+#: ... and those a resume refused to change then, as it does now.
+LOCKED_BEFORE_THE_NESTED_CONFIG = """env_id env_kwargs train_env_kwargs context model tiny_width seed start_seed tasks_per_iter
+    group_size pretrain_steps pretrain_batch pretrain_lr pretrain_dynamics pretrain_observe pretrain_seconds
+    pretrain_until_exact pretrain_max_steps pretrain_follow_steps pretrain_follow pretrain_success reasoning lora_rank
+    lora_alpha lora_targets lora_dropout advantage gigpo_gamma step_weight replay buffer_capacity priority priority_eps
+    alpha tau tau_target_ess tau_signal tau_target_clip is_weights beta beta_final beta_anneal_steps lr_decay runs_root
+    run_name""".split()
+
+
+def test_settings_nest_under_their_section_in_a_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"replay": {"tau": 5, "capacity": 320, "ratio": 1}, "pretrain": {"steps": 3},
+                                    "lr": 1e-4, "loss": "tis"}))
+    cfg = parse_config(["--config", str(path), "--replay-batch", "8"])
+    assert (cfg.replay.tau, cfg.replay.capacity, cfg.replay.ratio, cfg.replay.batch) == (5.0, 320, 1, 8)
+    assert (cfg.pretrain.steps, cfg.rl.lr, cfg.loss.loss, cfg.replay.mode) == (3, 1e-4, "tis", "fresh")
+    assert settings(cfg)["buffer_capacity"] == 320 and settings(cfg)["pretrain_steps"] == 3
+    path.write_text("replay:\n  capasity: 5\n")
+    with pytest.raises(ValueError, match="did you mean replay.capacity"):
+        parse_config(["--config", str(path)])
+    path.write_text("pretrain:\n  max_grad_norm: 5\n")  # not a setting of its own: --max-grad-norm is
+    with pytest.raises(ValueError, match="unknown config keys: pretrain.max_grad_norm"):
+        parse_config(["--config", str(path)])
+    assert make_config(max_grad_norm=0.5).pretrain.max_grad_norm == 0.5
+    assert make_config(seed=7).replay.seed == 7
+
+
+def test_every_archived_run_config_loads() -> None:
+    """The run folders the docs' tables and plots are rebuilt from keep their config.yaml loadable."""
+    from learner.cli import load_config_file
+    from learner.config import config_from_dict
+
+    paths = sorted((REPO / "docs" / "data").rglob("config.yaml"))
+    assert paths
+    for path in paths:
+        saved = flatten(load_config_file(path))  # --is-weights as the two settings it sets
+        back = settings(config_from_dict(saved))
+        assert all(back[k] == v for k, v in saved.items() if k != "vllm_args"), path
+        assert back["vllm_args"] == (saved.get("vllm_args") or {}), path
 
 
 def test_yaml_config_then_flags_override(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"replay": "fresh", "tau": 7.5, "lr": 1e-4}))
-    cfg = train.parse_config(["--config", str(path), "--lr", "2e-4", "--dual-clip", "none", "--env-kwargs", '{"size": 4}'])
-    assert (cfg.replay, cfg.tau, cfg.lr, cfg.dual_clip, cfg.env_kwargs) == ("fresh", 7.5, 2e-4, None, {"size": 4})
+    cfg = parse_config(["--config", str(path), "--lr", "2e-4", "--dual-clip", "none", "--env-kwargs", '{"size": 4}'])
+    assert (cfg.replay.mode, cfg.replay.tau, cfg.rl.lr, cfg.loss.dual_clip, cfg.rollout.env_kwargs) == ("fresh", 7.5, 2e-4, None, {"size": 4})
 
 
 def test_unknown_yaml_key_and_bad_values_are_clear_errors(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("replay_ration: 2\n")
     with pytest.raises(ValueError, match="did you mean replay_ratio"):
-        train.parse_config(["--config", str(path)])
+        parse_config(["--config", str(path)])
     with pytest.raises(ValueError, match="--replay must be"):
-        train.parse_config(["--replay", "prioritized"])
+        parse_config(["--replay", "prioritized"])
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path: Path) -> None:
-    cfg = train.parse_config(["--config", str(path)])
-    assert cfg.env_id.startswith("freshper/")
+    cfg = parse_config(["--config", str(path)])
+    assert cfg.rollout.env_id.startswith("freshper/")
     import envs
 
-    envs.make(cfg.env_id, **dict(cfg.env_kwargs or {})).close()  # the task takes the config's keyword arguments
+    envs.make(cfg.rollout.env_id, **dict(cfg.rollout.env_kwargs or {})).close()  # the task takes the config's keyword arguments
 
 
 def test_a_config_with_a_width_and_a_model_folder_says_how_to_combine_them(tmp_path: Path) -> None:
     """configs/searchqa.yaml sizes the embedded model (tiny_width 256); a user who brings a model
     folder to it is told to reset the width rather than having one of the two settings ignored."""
     config = str(REPO / "configs" / "searchqa.yaml")
-    assert train.parse_config(["--config", config]).tiny_width == 256
+    assert parse_config(["--config", config]).model.tiny_width == 256
     with pytest.raises(ValueError, match=r"configs/searchqa.yaml, add --tiny-width 128"):
-        train.validate(train.parse_config(["--config", config, "--model", str(tmp_path)]))
-    train.validate(train.parse_config(["--config", config, "--model", str(tmp_path), "--tiny-width", "128"]))
+        validate(parse_config(["--config", config, "--model", str(tmp_path)]))
+    validate(parse_config(["--config", config, "--model", str(tmp_path), "--tiny-width", "128"]))
 
 
 def test_the_default_config_file_is_the_default_run_written_out() -> None:
     # configs/frozenlake_default.yaml documents what `make train` (train.py without flags) runs:
     # every value it sets must be train.py's default, so a changed default cannot leave it behind
     written = yaml.safe_load((REPO / "configs" / "frozenlake_default.yaml").read_text(encoding="utf-8"))
-    default = train.parse_config([])
-    from_file = train.parse_config(["--config", str(REPO / "configs" / "frozenlake_default.yaml")])
+    default = parse_config([])
+    from_file = parse_config(["--config", str(REPO / "configs" / "frozenlake_default.yaml")])
 
     def resolved(cfg, key):  # the values train.py fills in at start where the flag is left unset
-        value = getattr(cfg, key)
+        value = settings(cfg)[key]
         if key == "env_kwargs" and value is None:
-            return default_env_kwargs(cfg.env_id, cfg.context)
+            return default_env_kwargs(cfg.rollout.env_id, cfg.rollout.context)
         if key == "pretrain_steps" and value is None:
-            return train.pretrain_config(cfg).steps
+            return cfg.pretrain.recipe().steps
         if key == "pretrain_until_exact" and value is None:
-            return train.pretrain_config(cfg).until_exact
+            return cfg.pretrain.recipe().until_exact
         if key == "iterations":
-            return train.planned_iterations(cfg)
+            return cfg.run.planned_iterations()
         return value
 
     differ = {k: (resolved(from_file, k), resolved(default, k)) for k in written
@@ -190,11 +254,11 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     """4 iterations in one go == 2 iterations, stop, resume, 2 more: same metrics and weights."""
     kw = dict(iterations=4, replay="fresh", replay_ratio=1, replay_batch=4, buffer_capacity=8, kl_coef=0.04,
               pretrain_steps=1, pretrain_batch=4)
-    train.train(tiny_config(tmp_path, run_name="whole", **kw))
-    train.train(tiny_config(tmp_path, run_name="split", **{**kw, "iterations": 2}))
-    resumed = train.parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4"])
-    assert resumed.replay == "fresh" and resumed.iterations == 4
-    train.train(resumed)
+    learner.run.train(tiny_config(tmp_path, run_name="whole", **kw))
+    learner.run.train(tiny_config(tmp_path, run_name="split", **{**kw, "iterations": 2}))
+    resumed = parse_config(["--resume", str(tmp_path / "split"), "--iterations", "4"])
+    assert resumed.replay.mode == "fresh" and resumed.run.iterations == 4
+    learner.run.train(resumed)
     whole, split = tmp_path / "whole", tmp_path / "split"
     rows_whole = [r for r in _train_rows(whole) if not str(r.get("phase", "")).startswith("final")]
     rows_split = [r for r in _train_rows(split) if not str(r.get("phase", "")).startswith("final")]
@@ -236,10 +300,10 @@ def test_the_run_delivers_the_policy_that_validates_best(tmp_path: Path) -> None
     # start succeeds; a learning rate of 1.0 given on resume then wrecks its replies.
     kw = dict(env_kwargs={"size": 2, "p": 1.0, "feedback": False}, pretrain_steps=80, pretrain_batch=8,
               max_new_tokens=16, eval_episodes=8, final_eval_episodes=8, iterations=2)
-    train.train(tiny_config(tmp_path, run_name="r", **kw))
+    learner.run.train(tiny_config(tmp_path, run_name="r", **kw))
     run = tmp_path / "r"
     assert [p.name for p in list_checkpoints(run / "best")] == ["iter_000002"]
-    summary = train.train(train.parse_config(["--resume", str(run), "--iterations", "4", "--lr", "1.0"]))
+    summary = learner.run.train(parse_config(["--resume", str(run), "--iterations", "4", "--lr", "1.0"]))
     rows = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "eval"]
     valid = {r["iteration"]: r["success"] for r in rows if r.get("split") == "validation"}
     assert sorted(valid) == [2, 4] and valid[2] > valid[4]
@@ -258,16 +322,17 @@ def test_the_run_delivers_the_policy_that_validates_best(tmp_path: Path) -> None
     assert summary["verdict"].startswith(f"sampled success: selected {evals['selected']['success']:.2f}")
     assert (run / "eval" / "selected" / "records.jsonl").exists()
     # --select last delivers the last iteration (and is checked like any setting).
-    last = train.train(tiny_config(tmp_path, run_name="last", **{**kw, "select": "last"}))
+    last = learner.run.train(tiny_config(tmp_path, run_name="last", **{**kw, "select": "last"}))
     assert last["selected_iteration"] == 2 and "selected" not in last["evals"]
     with pytest.raises(ValueError, match="--select"):
-        train.validate(tiny_config(tmp_path, run_name="bad", select="first"))
+        validate(tiny_config(tmp_path, run_name="bad", select="first"))
 
 
 def test_a_resume_keeps_the_best_policy_its_state_points_to(tmp_path: Path) -> None:
     """A best policy written after the checkpoint a run resumes from is dropped (the run replays
     that stretch); the one the restored state names is kept; a missing one is picked again."""
     from learner.checkpoint import save_checkpoint
+    from learner.evaluation import restore_best
     from learner.state import Counters
 
     run = tmp_path / "r"
@@ -275,36 +340,38 @@ def test_a_resume_keeps_the_best_policy_its_state_points_to(tmp_path: Path) -> N
         save_checkpoint(run / "best", it, lambda tmp: (tmp / "w").write_text("x"), keep=99)
     (run / "best" / ".tmp-iter_000040-1").mkdir()  # a write cut short
     state = Counters(iteration=25, best_iteration=20, best_success=0.5)
-    train.restore_best(run, state)
+    restore_best(run, state)
     assert [p.name for p in (run / "best").iterdir()] == ["iter_000020"]
     assert (state.best_iteration, state.best_success) == (20, 0.5)
     gone = Counters(iteration=25, best_iteration=10, best_success=0.4)
-    train.restore_best(run, gone)
+    restore_best(run, gone)
     assert (gone.best_iteration, gone.best_success) == (-1, -1.0)
 
 
 def test_lr_decay_follows_the_iterations_and_resumes_exactly(tmp_path: Path) -> None:
     kw = dict(iterations=4, lr=1e-3, lr_decay="linear", pretrain_steps=1, pretrain_batch=4, eval_every=0)
-    train.train(tiny_config(tmp_path, run_name="whole", **kw))
+    learner.run.train(tiny_config(tmp_path, run_name="whole", **kw))
     # Resumed from its checkpoint at iteration 2, a run continues on the same schedule.
-    train.train(tiny_config(tmp_path, run_name="split", **kw, checkpoint_every=2))
+    learner.run.train(tiny_config(tmp_path, run_name="split", **kw, checkpoint_every=2))
     half = tmp_path / "split" / "checkpoints" / "iter_000002"
     with pytest.raises(ValueError, match="--lr-decay linear runs over them"):
-        train.parse_config(["--resume", str(half), "--iterations", "6"])
-    train.train(train.parse_config(["--resume", str(half)]))
+        parse_config(["--resume", str(half), "--iterations", "6"])
+    learner.run.train(parse_config(["--resume", str(half)]))
     rows = {n: [r for r in _train_rows(tmp_path / n) if r["kind"] == "train"] for n in ("whole", "split")}
     assert [r["lr"] for r in rows["whole"]] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
     assert rows["whole"] == rows["split"]
-    assert train.lr_factor("cosine", 0, 4) == 1.0 and train.lr_factor("cosine", 2, 4) == pytest.approx(0.5)
-    assert train.lr_factor("none", 3, 4) == 1.0
+    from learner.config import lr_factor
+
+    assert lr_factor("cosine", 0, 4) == 1.0 and lr_factor("cosine", 2, 4) == pytest.approx(0.5)
+    assert lr_factor("none", 3, 4) == 1.0
     with pytest.raises(ValueError, match="--lr-decay"):
-        train.validate(tiny_config(tmp_path, run_name="bad", lr_decay="step"))
+        validate(tiny_config(tmp_path, run_name="bad", lr_decay="step"))
     with pytest.raises(ValueError, match="--lr-decay follows the iterations"):
-        train.validate(tiny_config(tmp_path, run_name="bad", lr_decay="linear", iterations=None, time_budget=60))
+        validate(tiny_config(tmp_path, run_name="bad", lr_decay="linear", iterations=None, time_budget=60))
 
 
 def test_image_task_trains_end_to_end_with_replay(tmp_path: Path) -> None:
-    summary = train.train(tiny_config(tmp_path, run_name="vision", env_id="freshper/FrozenLakeVision-v0", iterations=2,
+    summary = learner.run.train(tiny_config(tmp_path, run_name="vision", env_id="freshper/FrozenLakeVision-v0", iterations=2,
                                       replay="fresh", replay_batch=4, eval_every=0, tensorboard=True, gifs=1))
     run = tmp_path / "vision"
     rows = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
@@ -327,8 +394,8 @@ def test_repeated_nonfinite_updates_stop_the_run_and_keep_the_checkpoint(tmp_pat
 
     monkeypatch.setattr(learner.update, "grpo_loss", nan_loss)
     cfg = tiny_config(tmp_path, run_name="nan", iterations=5, max_nonfinite=2, replay="none")
-    with pytest.raises(train.NonFiniteError, match="consecutive"):
-        train.train(cfg)
+    with pytest.raises(learner.run.NonFiniteError, match="consecutive"):
+        learner.run.train(cfg)
     ckpts = list_checkpoints(tmp_path / "nan" / "checkpoints")
     assert [c.name for c in ckpts] == ["iter_000000"]
     verify_checkpoint(ckpts[0])
@@ -336,14 +403,14 @@ def test_repeated_nonfinite_updates_stop_the_run_and_keep_the_checkpoint(tmp_pat
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    train.train(tiny_config(tmp_path, run_name="c", iterations=2, eval_every=0))
+    learner.run.train(tiny_config(tmp_path, run_name="c", iterations=2, eval_every=0))
     ckpt = list_checkpoints(tmp_path / "c" / "checkpoints")[-1]
     weights = ckpt / "model" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="model.safetensors does not match its checksum"):
-        train.train(train.parse_config(["--resume", str(tmp_path / "c")]))
+        learner.run.train(parse_config(["--resume", str(tmp_path / "c")]))
     (ckpt / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="incomplete"):
         verify_checkpoint(ckpt)
@@ -361,7 +428,7 @@ def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, 
     extra = dict(reasoning="subgoal", pretrain_follow_steps=2, max_new_tokens=8) if follow else dict(max_new_tokens=6)
     if search:
         extra["pretrain_success"] = 1.0
-    summary = train.train(tiny_config(tmp_path, run_name="t", env_id=env_id, iterations=2, pretrain_steps=2,
+    summary = learner.run.train(tiny_config(tmp_path, run_name="t", env_id=env_id, iterations=2, pretrain_steps=2,
                                       pretrain_batch=4, eval_every=0, gifs=0, **extra))
     rows = read_metrics(tmp_path / "t" / "metrics.jsonl")
     (pre,) = [r for r in rows if r["kind"] == "pretrain"]
@@ -385,48 +452,50 @@ def test_every_task_trains_from_the_pretrained_embedded_default(tmp_path: Path, 
 
 
 def test_the_default_pretraining_goes_on_until_it_writes_next_states_and_a_given_recipe_does_not() -> None:
-    assert train.pretrain_config(train.Config()).until_exact == train.DEFAULT_PRETRAIN_EXACT == 0.5
-    assert train.pretrain_config(train.Config()).max_steps == 0  # 4x the steps
-    assert train.pretrain_config(train.Config(pretrain_steps=400)).until_exact == 0.0
-    given = train.pretrain_config(train.Config(pretrain_steps=50, pretrain_until_exact=0.3, pretrain_max_steps=90))
+    from learner.pretrain import DEFAULT_PRETRAIN_EXACT
+
+    assert make_config().pretrain.recipe().until_exact == DEFAULT_PRETRAIN_EXACT == 0.5
+    assert make_config().pretrain.recipe().max_steps == 0  # 4x the steps
+    assert make_config(pretrain_steps=400).pretrain.recipe().until_exact == 0.0
+    given = make_config(pretrain_steps=50, pretrain_until_exact=0.3, pretrain_max_steps=90).pretrain.recipe()
     assert (given.steps, given.until_exact, given.max_steps) == (50, 0.3, 90)
-    assert train.pretrain_config(train.Config(pretrain_until_exact=0.0)).until_exact == 0.0
+    assert make_config(pretrain_until_exact=0.0).pretrain.recipe().until_exact == 0.0
     with pytest.raises(ValueError, match="--pretrain-until-exact"):
-        train.validate(train.Config(pretrain_until_exact=2.0))
+        validate(make_config(pretrain_until_exact=2.0))
     with pytest.raises(ValueError, match="--pretrain-max-steps"):
-        train.validate(train.Config(pretrain_max_steps=100))
-    assert "pretrain_until_exact" in train.LOCKED_ON_RESUME and "pretrain_max_steps" in train.LOCKED_ON_RESUME
-    follow = train.pretrain_config(train.Config(reasoning="subgoal", pretrain_follow_steps=40, pretrain_follow=0.25))
+        validate(make_config(pretrain_max_steps=100))
+    assert "pretrain_until_exact" in locked_on_resume() and "pretrain_max_steps" in locked_on_resume()
+    follow = make_config(reasoning="subgoal", pretrain_follow_steps=40, pretrain_follow=0.25).pretrain.recipe()
     assert (follow.follow_steps, follow.follow_fraction) == (40, 0.25)
     with pytest.raises(ValueError, match="--pretrain-follow-steps needs --reasoning subgoal"):
-        train.validate(train.Config(reasoning="lookahead", pretrain_follow_steps=40))
+        validate(make_config(reasoning="lookahead", pretrain_follow_steps=40))
     with pytest.raises(ValueError, match="--pretrain-follow"):
-        train.validate(train.Config(reasoning="subgoal", pretrain_follow_steps=40, pretrain_follow=1.5))
-    assert "pretrain_follow_steps" in train.LOCKED_ON_RESUME and "pretrain_follow" in train.LOCKED_ON_RESUME
+        validate(make_config(reasoning="subgoal", pretrain_follow_steps=40, pretrain_follow=1.5))
+    assert "pretrain_follow_steps" in locked_on_resume() and "pretrain_follow" in locked_on_resume()
 
 
 def test_turn_level_advantages_train_and_replay(tmp_path: Path) -> None:
-    train.train(tiny_config(tmp_path, run_name="g", iterations=2, advantage="gigpo", replay="fresh", replay_batch=4,
+    learner.run.train(tiny_config(tmp_path, run_name="g", iterations=2, advantage="gigpo", replay="fresh", replay_batch=4,
                             pretrain_steps=2, pretrain_batch=4, eval_every=0))
     rows = [r for r in read_metrics(tmp_path / "g" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(rows) == 2 and "replay_loss" in rows[-1]
     with pytest.raises(ValueError, match="gigpo needs a window"):
-        train.validate(train.Config(advantage="gigpo", context="full"))
+        validate(make_config(advantage="gigpo", context="full"))
 
 
 def test_lookahead_reasoning_trains_end_to_end_and_is_refused_where_a_task_has_none(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
-    summary = train.train(tiny_config(tmp_path, run_name="look", iterations=2, reasoning="lookahead", pretrain_steps=2,
+    summary = learner.run.train(tiny_config(tmp_path, run_name="look", iterations=2, reasoning="lookahead", pretrain_steps=2,
                                       pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=16))
     assert summary["iterations"] == 2 and "action_spread" in summary["evals"]["final"]
     (pre,) = [r for r in read_metrics(tmp_path / "look" / "metrics.jsonl") if r["kind"] == "pretrain"]
     assert pre["pretrain_steps"] == 2 and pre["pretrain_format_nll_after"] > 0
     (marker,) = (tmp_path / "cache").glob("pretrained-FrozenLake-v0-*/freshper_pretrain.json")
     assert json.loads(marker.read_text())["recipe"]["reasoning"] == "lookahead"
-    train.train(tiny_config(tmp_path, run_name="look2", iterations=1, reasoning="lookahead", pretrain_steps=2,
+    learner.run.train(tiny_config(tmp_path, run_name="look2", iterations=1, reasoning="lookahead", pretrain_steps=2,
                             pretrain_batch=4, eval_every=0, gifs=0, max_new_tokens=16, think_loss=False))
     with pytest.raises(ValueError, match="SearchQAEnv does not implement lookahead_text"):
-        train.train(tiny_config(tmp_path, run_name="sqa", env_id="freshper/SearchQA-v0", reasoning="lookahead"))
+        learner.run.train(tiny_config(tmp_path, run_name="sqa", env_id="freshper/SearchQA-v0", reasoning="lookahead"))
     assert not (tmp_path / "sqa").exists()  # refused before the run folder was made
 
 
@@ -435,14 +504,14 @@ def test_state_reasoning_trains_the_image_task_end_to_end(tmp_path: Path, monkey
     image, the run trains from that model, and its diagnostics score answers after the true
     board text (the recipe is part of the cached model's key)."""
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
-    summary = train.train(tiny_config(tmp_path, run_name="state", env_id="freshper/FrozenLakeVision-v0", iterations=1,
+    summary = learner.run.train(tiny_config(tmp_path, run_name="state", env_id="freshper/FrozenLakeVision-v0", iterations=1,
                                       reasoning="state", think_loss=False, pretrain_steps=2, pretrain_batch=4,
                                       eval_every=0, gifs=0, max_new_tokens=32))
     assert summary["iterations"] == 1 and "action_spread" in summary["evals"]["final"]
     (marker,) = (tmp_path / "cache").glob("pretrained-FrozenLakeVision-v0-*/freshper_pretrain.json")
     assert json.loads(marker.read_text())["recipe"]["reasoning"] == "state"
     with pytest.raises(ValueError, match="--reasoning must be none|lookahead|state"):
-        train.validate(train.Config(reasoning="board"))
+        validate(make_config(reasoning="board"))
 
 
 def test_no_think_loss_leaves_the_think_span_out_of_the_loss_and_its_token_count() -> None:
@@ -473,15 +542,15 @@ def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_p
 
     cfg = tiny_config(tmp_path, run_name="cur", env_id="freshper/Sokoban-v0", iterations=1, eval_every=0,
                       train_env_kwargs={"max_solution_moves": 2})
-    run = train.setup(cfg)
+    run = learner.run.setup(cfg)
     try:
-        trained, _ = run.collector.collect(**train.collect_request(cfg, 0), policy_version=0)
+        trained, _ = run.collector.collect(**learner.run.collect_request(cfg, 0), policy_version=0)
         held_out, _ = run.evaluator.collect([EVAL_SEED_BASE + k for k in range(6)], policy_version=0)
     finally:
         run.close()
 
     def level(seed: int, **extra) -> tuple[str, int]:
-        env = envs.make("freshper/Sokoban-v0", **{**cfg.env_kwargs, **extra})
+        env = envs.make("freshper/Sokoban-v0", **{**cfg.rollout.env_kwargs, **extra})
         obs, _ = env.reset(seed=seed)
         return obs["text"], env.unwrapped.optimal_moves
 
@@ -493,27 +562,27 @@ def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_p
     assert max(m for _, m in levels) > 2  # the task's own levels, not the curriculum's
     assert yaml.safe_load((tmp_path / "cur" / "config.yaml").read_text())["train_env_kwargs"] == {"max_solution_moves": 2}
     with pytest.raises(ValueError, match="--train-env-kwargs"):
-        train.setup(tiny_config(tmp_path, run_name="bad", env_id="freshper/Sokoban-v0",
+        learner.run.setup(tiny_config(tmp_path, run_name="bad", env_id="freshper/Sokoban-v0",
                                 train_env_kwargs={"max_solution_moves": 99}))
     assert not (tmp_path / "bad").exists()
 
 
 # -- resume and run folders -------------------------------------------------------------------------
 def test_resume_refuses_settings_that_shaped_the_run_and_applies_the_rest(tmp_path: Path) -> None:
-    train.train(tiny_config(tmp_path, run_name="r", iterations=2, replay="fresh", replay_batch=4, eval_every=0))
+    learner.run.train(tiny_config(tmp_path, run_name="r", iterations=2, replay="fresh", replay_batch=4, eval_every=0))
     run = str(tmp_path / "r")
     for flags, name in ((["--replay", "per"], "--replay"), (["--tau", "1000"], "--tau"),
                         (["--buffer-capacity", "10"], "--buffer-capacity"), (["--env-id", "freshper/Sokoban-v0"], "--env-id"),
                         (["--model", "x"], "--model"), (["--seed", "3"], "--seed"),
                         (["--train-env-kwargs", '{"size": 3}'], "--train-env-kwargs")):
         with pytest.raises(ValueError, match=f"cannot change {name}"):
-            train.parse_config(["--resume", run, *flags])
+            parse_config(["--resume", run, *flags])
         assert train.main(["--resume", run, *flags]) == 2
     first = torch.load(list_checkpoints(tmp_path / "r" / "checkpoints")[-1] / "trainer.pt", weights_only=True)
     assert all(tuple(g["betas"]) == (0.9, 0.999) for g in first["optimizer"]["param_groups"])
-    cfg = train.parse_config(["--resume", run, "--iterations", "3", "--lr", "0.05", "--adam-beta1", "0"])
-    assert (cfg.lr, cfg.adam_beta1, cfg.iterations, cfg.replay) == (0.05, 0.0, 3, "fresh")
-    train.train(cfg)
+    cfg = parse_config(["--resume", run, "--iterations", "3", "--lr", "0.05", "--adam-beta1", "0"])
+    assert (cfg.rl.lr, cfg.rl.adam_beta1, cfg.run.iterations, cfg.replay.mode) == (0.05, 0.0, 3, "fresh")
+    learner.run.train(cfg)
     ckpt = list_checkpoints(tmp_path / "r" / "checkpoints")[-1]
     saved = torch.load(ckpt / "trainer.pt", weights_only=True)
     # the flags took effect, although the restored optimizer brought its own lr and betas back
@@ -521,13 +590,13 @@ def test_resume_refuses_settings_that_shaped_the_run_and_applies_the_rest(tmp_pa
     assert all(tuple(g["betas"]) == (0.0, 0.999) for g in saved["optimizer"]["param_groups"])
     assert yaml.safe_load((ckpt / "config.yaml").read_text())["lr"] == 0.05
     with pytest.raises(ValueError, match="--adam-beta1"):
-        train.parse_config(["--adam-beta1", "1.0"])
+        parse_config(["--adam-beta1", "1.0"])
 
 
 def test_resume_outside_its_run_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     import shutil
 
-    train.train(tiny_config(tmp_path, run_name="r", iterations=2, eval_every=0))
+    learner.run.train(tiny_config(tmp_path, run_name="r", iterations=2, eval_every=0))
     d = tmp_path / "d"
     (d / "ck").mkdir(parents=True)
     shutil.copy(tmp_path / "r" / "config.yaml", d / "config.yaml")
@@ -548,7 +617,7 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_stale_temporaries_are_cl
     assert not stale.exists()
     try:
         with pytest.raises(FileExistsError, match="in use by train.py pid"):
-            train.train(tiny_config(tmp_path, run_name="dup", iterations=1))
+            learner.run.train(tiny_config(tmp_path, run_name="dup", iterations=1))
         assert train.main(["--runs-root", str(tmp_path), "--run-name", "dup", "--iterations", "1", "--no-progress"]) == 2
     finally:
         lock.release()
@@ -567,7 +636,7 @@ def test_a_second_writer_of_a_run_folder_is_refused_and_stale_temporaries_are_cl
 ])
 def test_bad_settings_are_refused_before_any_work_naming_the_flag(flags, name, capsys) -> None:
     with pytest.raises(ValueError, match=name):
-        train.parse_config(flags)
+        parse_config(flags)
     assert train.main(flags) == 2
     assert name in capsys.readouterr().err
 
@@ -575,10 +644,10 @@ def test_bad_settings_are_refused_before_any_work_naming_the_flag(flags, name, c
 @pytest.mark.parametrize("device", ["tpu", "cuda:x"] + ([] if torch.cuda.is_available() else ["cuda", "cuda:0"]))
 def test_a_device_torch_cannot_use_is_refused_before_any_work(device, capsys) -> None:
     with pytest.raises(ValueError, match="--device"):
-        train.parse_config(["--device", device])
+        parse_config(["--device", device])
     assert train.main(["--device", device]) == 2
     assert "--device" in capsys.readouterr().err
-    assert train.parse_config(["--device", "auto"]).device == "auto"  # auto always resolves (CPU without CUDA)
+    assert parse_config(["--device", "auto"]).model.device == "auto"  # auto always resolves (CPU without CUDA)
 
 
 def test_yaml_values_of_the_wrong_type_are_refused_naming_the_flag(tmp_path: Path) -> None:
@@ -587,9 +656,9 @@ def test_yaml_values_of_the_wrong_type_are_refused_naming_the_flag(tmp_path: Pat
         path = tmp_path / "c.yaml"
         path.write_text(text)
         with pytest.raises(ValueError, match=name):
-            train.parse_config(["--config", str(path)])
+            parse_config(["--config", str(path)])
     path.write_text("lr: 1\neval_both: false\n")  # an int where a float is wanted is fine
-    assert train.parse_config(["--config", str(path)]).lr == 1.0
+    assert parse_config(["--config", str(path)]).rl.lr == 1.0
 
 
 def test_a_learning_rate_that_blows_the_weights_up_stops_the_run_cleanly(tmp_path: Path, capsys) -> None:
@@ -603,7 +672,7 @@ def test_a_learning_rate_that_blows_the_weights_up_stops_the_run_cleanly(tmp_pat
 
 
 def test_openmp_threads_spin_only_when_the_machine_is_idle_at_start(monkeypatch) -> None:
-    import train as train_module
+    from learner import machine
 
     def load(value):
         def getloadavg():
@@ -614,24 +683,42 @@ def test_openmp_threads_spin_only_when_the_machine_is_idle_at_start(monkeypatch)
 
     # what other work keeps busy now decides, whatever the load average says (it stays high for
     # minutes after make's set-up or a test run has ended)
-    monkeypatch.setattr(train_module.os, "getloadavg", load(1.9))
+    monkeypatch.setattr(machine.os, "getloadavg", load(1.9))
     for busy, policy in ((0.0, "ACTIVE"), (0.3, "ACTIVE"), (0.7, "PASSIVE"), (1.8, "PASSIVE")):
-        monkeypatch.setattr(train_module, "busy_cores", lambda busy=busy: busy)
-        assert train_module.default_omp_wait_policy() == policy
+        monkeypatch.setattr(machine, "busy_cores", lambda busy=busy: busy)
+        assert machine.default_omp_wait_policy() == policy
     # without /proc/stat, the load average
-    monkeypatch.setattr(train_module, "busy_cores", lambda: None)
+    monkeypatch.setattr(machine, "busy_cores", lambda: None)
     for value, policy in ((0.1, "ACTIVE"), (0.6, "PASSIVE"), (1.9, "PASSIVE"), (None, "PASSIVE")):
-        monkeypatch.setattr(train_module.os, "getloadavg", load(value))
-        assert train_module.default_omp_wait_policy() == policy
+        monkeypatch.setattr(machine.os, "getloadavg", load(value))
+        assert machine.default_omp_wait_policy() == policy
+    # train.py chooses it in main(), before torch (and the OpenMP runtime it loads) is imported;
+    # importing train chooses nothing
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "seen = []\n"
+            "sys.addaudithook(lambda event, args: event == 'import' and args[0] == 'torch' and not seen"
+            " and seen.append(os.environ.get('OMP_WAIT_POLICY')))\n"
+            "import train\n"
+            "assert 'torch' not in sys.modules and 'OMP_WAIT_POLICY' not in os.environ\n"
+            "try:\n    train.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(seen[0], os.environ['OMP_WAIT_POLICY'])\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    chosen, now = out.stdout.split()[-2:]
+    assert chosen in ("ACTIVE", "PASSIVE") and chosen == now
 
 
 def test_busy_cores_sees_a_process_that_keeps_a_core_busy() -> None:
     import subprocess
     import sys
 
-    import train as train_module
+    from learner.machine import busy_cores
 
-    idle = train_module.busy_cores(0.3)
+    idle = busy_cores(0.3)
     if idle is None:
         pytest.skip("no /proc/stat here")
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -639,7 +726,7 @@ def test_busy_cores_sees_a_process_that_keeps_a_core_busy() -> None:
         import time
 
         time.sleep(0.3)
-        busy = train_module.busy_cores(0.5)
+        busy = busy_cores(0.5)
     finally:
         spinner.kill()
         spinner.wait()
@@ -652,7 +739,7 @@ def test_a_wider_embedded_model_trains_and_keeps_its_own_cached_folders(tmp_path
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
     from agents.tiny import build_tiny_model, check_width
 
-    summary = train.train(tiny_config(tmp_path, run_name="w", tiny_width=192, iterations=1, pretrain_steps=2,
+    summary = learner.run.train(tiny_config(tmp_path, run_name="w", tiny_width=192, iterations=1, pretrain_steps=2,
                                       pretrain_batch=4, eval_every=0, gifs=0))
     assert summary["iterations"] == 1
     written = json.loads((tmp_path / "w" / "reference" / "config.json").read_text(encoding="utf-8"))
@@ -672,9 +759,9 @@ def test_a_wider_embedded_model_trains_and_keeps_its_own_cached_folders(tmp_path
     with pytest.raises(ValueError, match="multiple of 64"):
         check_width(100)
     with pytest.raises(ValueError, match="--tiny-width sizes the embedded model"):
-        train.train(tiny_config(tmp_path, run_name="m", tiny_width=256, model=str(default)))
+        learner.run.train(tiny_config(tmp_path, run_name="m", tiny_width=256, model=str(default)))
     with pytest.raises(ValueError, match="--tiny-width must be a multiple of 64"):
-        train.train(tiny_config(tmp_path, run_name="m", tiny_width=96))
+        learner.run.train(tiny_config(tmp_path, run_name="m", tiny_width=96))
 
 
 def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_path: Path, monkeypatch) -> None:
@@ -685,7 +772,7 @@ def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_pa
     from safetensors.torch import load_file
 
     def run(name: str, **kw) -> dict:
-        return train.train(tiny_config(tmp_path, run_name=name, iterations=1, pretrain_steps=2, pretrain_batch=4,
+        return learner.run.train(tiny_config(tmp_path, run_name=name, iterations=1, pretrain_steps=2, pretrain_batch=4,
                                        eval_every=0, gifs=0, **kw))
 
     first, second = run("a", seed=1, start_seed=0), run("b", seed=2, start_seed=0)
@@ -698,6 +785,6 @@ def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_pa
     run("c", seed=1)  # no --start-seed: the run's own seed builds its start
     assert len(list((tmp_path / "cache").glob("pretrained-FrozenLake-v0-s1-*"))) == 1
     with pytest.raises(ValueError, match="cannot change --start-seed"):
-        train.parse_config(["--resume", str(tmp_path / "a"), "--start-seed", "3", "--iterations", "2"])
+        parse_config(["--resume", str(tmp_path / "a"), "--start-seed", "3", "--iterations", "2"])
     with pytest.raises(ValueError, match="--start-seed must be"):
-        train.validate(train.parse_config(["--start-seed", "-1"]))
+        validate(parse_config(["--start-seed", "-1"]))

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import train
+import learner.run
+from learner.config import make_config
 from learner.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def test_step_norms_and_cosines_are_those_of_the_weight_changes(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_a_real_run_without_momentum_reads_back(tmp_path: Path, capsys) -> None:
-    train.train(train.Config(runs_root=str(tmp_path), run_name="r", iterations=3, checkpoint_every=1, keep_checkpoints=5,
+    learner.run.train(make_config(runs_root=str(tmp_path), run_name="r", iterations=3, checkpoint_every=1, keep_checkpoints=5,
                              adam_beta1=0.0, **TINY))
     ckpts = list_checkpoints(tmp_path / "r" / "checkpoints")
     assert len(ckpts) == 4  # the start of RL and one per iteration

@@ -32,20 +32,20 @@ def child(seed: int, steps: int, threads: int) -> dict:
 
     import torch
 
-    import train
     from agents.policy import Policy
     from agents.runner import default_env_kwargs
     from agents.tiny import build_tiny_model
+    from learner.config import Config
     from learner.pretrain import pretrain
 
     torch.set_num_threads(threads)
-    cfg = train.Config()
-    env_kwargs = default_env_kwargs(cfg.env_id, cfg.context)
-    pcfg = dataclasses.replace(train.pretrain_config(cfg), steps=steps)
+    cfg = Config()
+    env_kwargs = default_env_kwargs(cfg.rollout.env_id, cfg.rollout.context)
+    pcfg = dataclasses.replace(cfg.pretrain.recipe(), steps=steps)
     with tempfile.TemporaryDirectory() as tmp:  # a private copy of the tiny model: nothing cached is touched
         policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp, seed=seed))
         torch.manual_seed(seed)
-        report = pretrain(policy, cfg.env_id, env_kwargs, pcfg, seed=seed, micro_batch=cfg.micro_batch)
+        report = pretrain(policy, cfg.rollout.env_id, env_kwargs, pcfg, seed=seed, micro_batch=cfg.rl.micro_batch)
     report["capability"] = torch.backends.cpu.get_cpu_capability()
     return report
 

@@ -1,0 +1,514 @@
+"""A training run, in the order it happens: :func:`train` is :func:`setup` -> :func:`start_of_rl`
+-> :func:`loop` (of :func:`iteration`) -> :func:`finish`.
+
+- setup: the run folder (new, or the one a resume continues), the start model (by default the
+  embedded tiny model pretrained on the task's own transitions, cached), the run state and the
+  runners; nothing is written before every check has passed.
+- start of RL: held-out evaluation (the learning claim's baseline), the KL reference,
+  checkpoint 0, so a resume never repeats any of it.
+- one iteration: collect B tasks x G rollouts with the current policy -> one on-policy update
+  -> add the records to the replay buffer -> K replay updates on prioritized batches (PER
+  weights applied); the loop adds the periodic held-out evaluation and the checkpoints.
+- finish: the last checkpoint, the final evaluations, the summary and curves.
+
+Outputs go to ``runs/<run_name>/`` (docs/training.md). What each step is built from is
+``learner/build.py``; the evaluations ``learner/evaluation.py``; the settings ``learner/config.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from learner import distributed
+from learner.build import (check_reasoning, load_policy, load_sharded_learner, reference_policy, think_span,
+                           trainer_state, update_function)
+from learner.checkpoint import CheckpointError, list_checkpoints, resolve_resume, save_checkpoint
+from learner.config import Config, lr_factor, to_yaml, validate
+from learner.evaluation import best_folder, evaluate_phase, prune_best, restore_best, validate_policy
+from learner.machine import available_cpus, record_environment, torch_threads
+from learner.replay_log import NullReplayLog, open_replay_log
+from learner.report import MetricsLogger, plot_curves, read_metrics, summarize
+from learner.seeds import EVAL_SEED_BASE, train_seed
+from learner.state import TrainerState
+from learner.trackers import parse_report_to
+
+logger = logging.getLogger("train")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """The whole job: setup -> start of RL -> loop -> finish; returns the summary."""
+    run = setup(cfg)
+    try:
+        if run.resumed_from is None:
+            start_of_rl(run)
+        else:
+            print(f"resumed from {run.resumed_from} at iteration {run.state.counters.iteration}")
+        loop(run)
+        return finish(run)
+    except FloatingPointError as exc:  # weights or outputs that are no longer finite
+        raise NonFiniteError(f"{exc}; at iteration {run.state.counters.iteration} the updates had made the policy "
+                             f"not finite: lower --lr. The checkpoints in {run.dir / 'checkpoints'} are intact") from exc
+    finally:
+        run.close()
+
+
+@dataclass
+class Run:
+    """What a run holds while it trains (built by :func:`setup`)."""
+
+    cfg: Config
+    dir: Path
+    policy: Any
+    state: TrainerState
+    collector: Any  # agents.runner.Runner, B x G rollouts
+    evaluator: Any  # agents.runner.Runner, group size 1, held-out seeds
+    metrics: MetricsLogger
+    update_threads: int
+    resumed_from: Path | None
+    lock: Any
+    ref: Any = None
+    skip_span: tuple[int, int] | None = None  # token ids (open, close) of spans out of the loss
+    sharded: Any = None  # learner.distributed.ShardedLearner under torchrun (``policy`` is then rank 0's sampler)
+    replay_log: Any = field(default_factory=NullReplayLog)  # learner.replay_log.ReplayLog (no-op without replay)
+    start_report: dict[str, Any] = field(default_factory=dict)
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wall_start: float = field(default_factory=time.monotonic)
+
+    def close(self) -> None:
+        if self.sharded is not None:
+            self.sharded.stop()  # the other ranks leave their command loop
+        self.collector.close()
+        self.evaluator.close()
+        self.replay_log.close()
+        self.metrics.close()
+        self.lock.release()
+
+
+# -- setup -------------------------------------------------------------------------------------
+def setup(cfg: Config) -> Run:
+    """Check, then create or reopen the run folder, the start model, the run state and the
+    runners. Nothing is written before every check has passed. Fills in what the settings leave
+    to the start (the task's default keyword arguments, the run name), so the ``config.yaml``
+    it writes says what the run does."""
+    import envs
+    from agents.distributed import build_collector
+    from agents.policy import configure_threads
+    from agents.precision import vllm_dtype
+    from learner.checkpoint import RunLock, loading, verify_resume
+
+    validate(cfg)
+    if cfg.rollout.env_kwargs is None:
+        cfg.rollout = dataclasses.replace(cfg.rollout, env_kwargs=cfg.rollout.task_kwargs())
+    env_id, env_kwargs = cfg.rollout.env_id, cfg.rollout.env_kwargs
+    train_kwargs = {**env_kwargs, **(cfg.rl.train_env_kwargs or {})}  # the training tasks' (a curriculum's)
+    if cfg.rl.train_env_kwargs:  # a curriculum the task cannot build fails here, not at the first collect
+        try:
+            envs.make(env_id, **train_kwargs).close()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--train-env-kwargs {json.dumps(cfg.rl.train_env_kwargs)}: {env_id} cannot be built "
+                             f"with them: {exc}") from exc
+    modality = envs.task_spec(env_id).modality
+    if cfg.pretrain.reasoning != "none":
+        check_reasoning(cfg, env_kwargs)
+    configure_threads(cfg.model.threads)
+    update_threads = cfg.model.update_threads or max(1, min(8, available_cpus()))
+    resume = resolve_resume(cfg.run.resume) if cfg.run.resume else None
+    if resume is not None:
+        manifest = verify_resume(resume)
+        run_dir = resume.parent.parent
+        missing = [p for p in (run_dir / "config.yaml", run_dir / "reference") if not p.exists()]
+        if missing:
+            raise CheckpointError(f"{resume} is not inside its run folder ({', '.join(map(str, missing))} missing): "
+                                  "resume a checkpoint in place, under <run>/checkpoints/")
+    else:
+        task = env_id.split("/")[-1]
+        cfg.run.run_name = cfg.run.run_name or f"{task}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(cfg.run.runs_root) / cfg.run.run_name
+        if list_checkpoints(run_dir / "checkpoints"):
+            raise FileExistsError(f"{run_dir} already has checkpoints: pass --resume {run_dir} or another --run-name")
+    lock = RunLock(run_dir)
+    try:
+        training = dataclasses.replace(cfg.rollout, env_kwargs=train_kwargs)
+        model_path, start_report = start_model(cfg, resume, modality, update_threads)
+        sharded = distributed.is_distributed()
+        if sharded:  # the other ranks build their shards of the same start
+            distributed.broadcast(("start", (str(model_path), str(run_dir), None if resume is None else str(resume))))
+        seed_everything(cfg.run.seed)
+        with loading(model_path):
+            if sharded:
+                policy = load_policy(cfg, model_path, sampler=True)  # rank 0 plays and evaluates with it
+                learner_policy = load_sharded_learner(cfg, model_path)
+            else:
+                policy = learner_policy = load_policy(cfg, model_path)
+        if policy.is_vision != (modality == "vision"):
+            raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
+                             f"{env_id} is a {modality} task")
+        state = trainer_state(cfg, learner_policy, cfg.replay)
+        if resume is not None:
+            state.load(resume)
+            if sharded:
+                distributed.load_sharded(learner_policy, state.optimizer, resume)
+            restore_best(run_dir, state.counters)
+        resumed_at = None if resume is None else int(manifest["iteration"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        record_environment(run_dir, torch.get_num_threads(), update_threads, resumed_at, str(policy.device))
+        metrics = MetricsLogger(run_dir, cfg.run.tensorboard, resume_iteration=resumed_at,
+                                report_to=parse_report_to(cfg.run.report_to, cfg.run.tensorboard))
+        replay = cfg.replay
+        replay_log = open_replay_log(run_dir, replay=replay.mode, max_mb=replay.log_mb, reporter=metrics,
+                                     resume_iteration=resumed_at,
+                                     header={"alpha": replay.alpha, "tau": replay.tau, "replay_ratio": replay.ratio,
+                                             "clip": [cfg.loss.clip_low, cfg.loss.clip_high], "env_id": env_id})
+        engine = dataclasses.replace(cfg.engine, vllm_args={"dtype": vllm_dtype(policy.compute_dtype),
+                                                            **cfg.engine.vllm_args})
+        scale = cfg.scale
+        collector = build_collector(policy, model_path, training, seed=cfg.run.seed, workers=scale.rollout_workers,
+                                    shards=scale.rollout_shards, asynchronous=scale.async_collect,
+                                    max_staleness=scale.max_staleness, steps_per_iteration=cfg.steps_per_iteration(),
+                                    plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,
+                                    engine=engine, max_restarts=scale.max_restarts,
+                                    log_path=run_dir / "vllm_engine.log", worker_gpus=scale.worker_gpus)
+    except BaseException:
+        lock.release()
+        raise
+    skip_span = None if cfg.rl.think_loss else think_span(policy)
+    learner = None
+    if sharded:
+        learner = distributed.ShardedLearner(learner_policy, policy, state,
+                                             update_function(cfg, learner_policy, state, run_dir, skip_span))
+    run = Run(cfg, run_dir, policy, state, collector, cfg.rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1),
+              metrics, update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner,
+              replay_log=replay_log)
+    if resume is not None:
+        for row in read_metrics(run_dir / "metrics.jsonl"):
+            if row.get("kind") == "eval" and str(row.get("phase")).startswith("baseline"):
+                run.evals[row["phase"]] = row
+    print(f"run folder: {run_dir}\n{to_yaml(cfg)}")
+    return run
+
+
+def start_model(cfg: Config, resume: Path | None, modality: str, update_threads: int) -> tuple[Path, dict[str, Any]]:
+    """The model folder the run starts from, and the report of its pretraining where the
+    embedded model was pretrained (or found pretrained in the cache) for it: the checkpoint's on
+    resume, else the embedded model pretrained, or built, or ``--model``."""
+    if resume is not None:
+        return resume / "model", {}
+    if cfg.pretrains_embedded_model():
+        from learner.pretrain import pretrained_default
+
+        with torch_threads(update_threads):
+            return pretrained_default(cfg.rollout.env_id, cfg.rollout.env_kwargs, cfg.pretrain,
+                                      seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro_batch,
+                                      progress=cfg.run.progress, device=cfg.model.device, width=cfg.model.tiny_width)
+    if cfg.model.model is None:
+        from agents.tiny import build_tiny_model
+
+        return build_tiny_model(modality, seed=cfg.run.model_seed(), width=cfg.model.tiny_width), {}
+    return Path(cfg.model.model), {}
+
+
+# -- the start of RL -----------------------------------------------------------------------------
+def start_of_rl(run: Run) -> None:
+    """Pretrain a given model if asked, evaluate the start of RL (the learning claim's baseline),
+    save the KL reference and checkpoint 0, so a resume never repeats any of it."""
+    cfg = run.cfg
+    if cfg.pretrains_given_model():
+        from learner.pretrain import pretrain
+
+        with torch_threads(run.update_threads):
+            run.start_report = pretrain(run.policy, cfg.rollout.env_id, cfg.rollout.env_kwargs, cfg.pretrain,
+                                        seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro_batch,
+                                        progress=cfg.run.progress)
+    if run.start_report:
+        rep = run.start_report
+        run.metrics.log({"kind": "pretrain", "iteration": 0, "episodes": 0,
+                         **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
+        print(f"pretraining on {cfg.rollout.env_id}'s transitions: {steps_phrase(rep)}{success_phrase(rep)} in "
+              f"{rep['pretrain_seconds']:.0f} s{' (cached)' if rep.get('cached') else ''}, loss "
+              f"{rep['pretrain_loss_first']:.3f} -> {rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
+    evaluate_phase(run, "baseline", cfg.eval.final_episodes, cfg.eval.both)
+    run.policy.save_pretrained(run.dir / "reference")  # the KL reference: the policy RL starts from
+    write_checkpoint(run)
+
+
+# -- the loop and one iteration ------------------------------------------------------------------
+def loop(run: Run) -> None:
+    """The RL loop: iterate until --iterations or --time-budget, evaluating and checkpointing."""
+    from tqdm.auto import tqdm
+
+    cfg, c = run.cfg, run.state.counters
+    if run.ref is None and cfg.loss.kl_coef != 0.0 and run.sharded is None:
+        run.ref = reference_policy(run.policy, run.dir)
+    iterations = cfg.run.planned_iterations()
+    by_iter = iterations is not None
+    budget = cfg.run.time_budget
+    bar = tqdm(total=iterations if by_iter else int(budget), initial=c.iteration if by_iter else int(c.rl_seconds),
+               unit="it" if by_iter else "s", disable=not cfg.run.progress, dynamic_ncols=True)
+    try:
+        while (iterations is None or c.iteration < iterations) and (budget is None or c.rl_seconds < budget):
+            row = iteration(run)
+            run.metrics.log(row)
+            if cfg.eval.every and c.iteration % cfg.eval.every == 0:
+                ev = validate_policy(run)
+                bar.write(f"iter {c.iteration}: validation success {ev['success']:.2f} "
+                          f"[{ev['success_ci_low']:.2f}, {ev['success_ci_high']:.2f}]"
+                          f"{' (best so far)' if c.best_iteration == c.iteration else ''}")
+            if cfg.run.checkpoint_every and c.iteration % cfg.run.checkpoint_every == 0:
+                write_checkpoint(run)
+            bar.set_postfix(ret=f"{row['return_mean']:.2f}", succ=f"{row['success']:.2f}",
+                            tok_s=f"{row['tokens_per_s']:.0f}")
+            bar.update(1 if by_iter else max(0, int(c.rl_seconds) - bar.n))
+    finally:
+        bar.close()
+
+
+def iteration(run: Run) -> dict[str, Any]:
+    """Collect, update on-policy, add to the buffer, replay; return the iteration's log row."""
+    from agents.record import assign_step_advantages
+    from learner.update import stepped
+
+    cfg, c, buffer = run.cfg, run.state.counters, run.state.buffer
+    it = c.iteration
+    if cfg.rl.lr_decay != "none":
+        run.state.set_lr(cfg.rl.lr * lr_factor(cfg.rl.lr_decay, it, cfg.run.planned_iterations()))
+    seed_everything(cfg.run.seed * 1_000_003 + it)  # everything random in an iteration follows from its counter
+    t0 = time.monotonic()
+    # 1. collect B tasks x G rollouts with the current policy (group advantages stored)
+    records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
+    if cfg.rl.advantage == "gigpo":
+        assign_step_advantages(records, gamma=cfg.rl.gigpo_gamma, weight=cfg.rl.step_weight)
+    good = [r for r in records if not r.failed]
+    t1 = time.monotonic()
+    # 2. one update on the fresh records: on-policy (ratio exactly 1) unless asynchronous
+    # collection sampled them with older weights (then IS-corrected, with their ages)
+    ages = np.array([c.global_step - r.policy_version for r in good], dtype=np.float64)
+    upd = update(run, good, np.ones(len(good)), ages, on_policy=not ages.any())
+    t2 = time.monotonic()
+    # 3. add the records to the buffer (at the step they were sampled), 4. K replay updates
+    if buffer is not None and good:
+        for version in sorted({r.policy_version for r in good}):
+            part = [r for r in good if r.policy_version == version]
+            run.replay_log.added(it, version, buffer.add(part, base_priorities(cfg, part), step=version), part)
+    c.global_step += int(stepped(upd))
+    t_buffer = time.monotonic()
+    replays = []
+    for _ in range(cfg.replay.ratio if buffer is not None else 0):
+        size = cfg.replay.batch or cfg.rl.tasks_per_iter * cfg.rollout.group_size
+        batch = buffer.sample(min(size, len(buffer)), step=c.global_step)
+        replays.append(update(run, list(batch.items), batch.weights, batch.ages, on_policy=False,
+                              observe=run.replay_log.observer(batch.items)))
+        run.replay_log.drawn(it, c.global_step, batch, replays[-1], buffer.tau)
+        c.global_step += int(stepped(replays[-1]))
+        if run.state.tau_controller is not None and run.state.tau_controller.observe(
+                replays[-1].get(run.state.tau_controller.metric)):
+            buffer.set_tau(run.state.tau_controller.tau)
+    t3 = time.monotonic()
+    if run.sharded is not None:  # the sampler takes the sharded learner's new weights
+        run.sharded.gather()
+    publish = getattr(run.collector, "publish", None)  # rollout workers / engines take the new weights
+    if publish is not None:
+        publish(c.global_step)
+    check_nonfinite(run, [upd, *replays], it)
+    c.iteration += 1
+    c.episodes += len(records)
+    c.rl_seconds += t3 - t0
+    if buffer is not None:
+        run.replay_log.end_iteration(it, c, buffer, upd, run.state.tau_controller)
+    return log_row(run, records, collected, upd, replays, (t0, t1, t2, t_buffer, t3))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train_seeds(cfg: Config, iteration: int) -> list[int]:
+    """Task seeds of one iteration: a function of the iteration counter (exact resume)."""
+    b_tasks = cfg.rl.tasks_per_iter
+    return [train_seed(cfg.run.seed, iteration, b_tasks, b) for b in range(b_tasks)]
+
+
+def collect_request(cfg: Config, iteration: int) -> dict[str, Any]:
+    """What iteration ``iteration`` collects: its task seeds, sampling seed and first group id
+    (an asynchronous collector starts later iterations from this plan)."""
+    return {"seeds": train_seeds(cfg, iteration), "rng_seed": cfg.run.seed * 1_000_003 + iteration,
+            "group_base": iteration * cfg.rl.tasks_per_iter}
+
+
+def update(run: Run, trajs: list, weights, ages, on_policy: bool, observe=None) -> dict[str, Any]:
+    """One optimizer step on ``trajs`` (every rank's part of it under torchrun)."""
+    from learner.update import policy_update
+
+    cfg = run.cfg
+    if run.sharded is not None:  # every rank takes its part (learner/distributed.py)
+        return run.sharded.update(trajs, weights, ages, on_policy)
+    with torch_threads(run.update_threads):
+        return policy_update(run.policy, run.ref, run.state.optimizer, run.state.scheduler, trajs, weights, ages,
+                             loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro_batch,
+                             max_grad_norm=cfg.rl.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span,
+                             scaler=run.state.scaler, observe=observe)
+
+
+def base_priorities(cfg: Config, records: list) -> np.ndarray:
+    from replay.priorities import abs_advantage_priority, abs_return_priority
+
+    if cfg.replay.priority == "return":
+        return abs_return_priority([r.episode_return for r in records], cfg.replay.eps)
+    return abs_advantage_priority([r.advantage for r in records], cfg.replay.eps)
+
+
+def check_nonfinite(run: Run, updates: list[dict[str, Any]], it: int) -> None:
+    c = run.state.counters
+    for st in updates:
+        c.nonfinite_consecutive = c.nonfinite_consecutive + 1 if st["skipped"] else 0
+        c.nonfinite_total += int(st["skipped"])
+        if st["skipped"]:
+            logger.warning("iteration %d: non-finite %s, update skipped (%d in a row)", it, st.get("nonfinite"),
+                           c.nonfinite_consecutive)
+        if c.nonfinite_consecutive >= run.cfg.rl.max_nonfinite:
+            raise NonFiniteError(
+                f"{c.nonfinite_consecutive} consecutive updates had a non-finite loss or gradient "
+                f"(last: {st.get('nonfinite')}); stopping. The last good checkpoint is intact in "
+                f"{run.dir / 'checkpoints'}; lower --lr, check --kl-coef, or inspect the data.")
+
+
+def log_row(run: Run, records: list, collected: dict[str, float], upd: dict[str, Any], replays: list[dict[str, Any]],
+            times: tuple[float, ...]) -> dict[str, Any]:
+    c, buffer = run.state.counters, run.state.buffer
+    t0, t1, t2, t_buffer, t3 = times
+    groups: dict[int, list[float]] = {}
+    for r in records:
+        if not r.failed:
+            groups.setdefault(r.group_id, []).append(r.episode_return)
+    row: dict[str, Any] = {
+        "kind": "train", "iteration": c.iteration, "episodes": c.episodes, "global_step": c.global_step,
+        "return_mean": collected["mean_return"], "success": collected["success_rate"],
+        "invalid_rate": collected["invalid_reply_rate"], "turns_mean": collected["mean_turns"],
+        "groups_all_equal": sum(1 for g in groups.values() if np.ptp(g) == 0), "groups": len(groups),
+        "failed_records": int(collected["failed"]), "nonfinite_total": c.nonfinite_total,
+        "lr": float(run.state.optimizer.param_groups[0]["lr"]),
+        **{k: v for k, v in upd.items() if isinstance(v, float)},
+        "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_buffer_s": t_buffer - t2,
+        "time_replay_s": t3 - t_buffer,
+        "time_total_s": c.rl_seconds, "tokens_per_s": upd.get("seq_tokens", 0.0) / max(t2 - t1, 1e-9),
+        **collected.get("log", {}),  # distributed collection: worker restarts, stale drops, staleness
+    }
+    if replays:
+        for k in sorted({k for st in replays for k in st if isinstance(st[k], float)}):
+            row[f"replay_{k}" if not k.startswith("ess") else k] = float(np.mean([st[k] for st in replays if k in st]))
+        ages = buffer.age_stats(c.global_step)
+        row.update(buffer_size=ages["size"], buffer_age_mean=ages.get("age_mean", 0.0),
+                   buffer_age_max=ages.get("age_max", 0.0), tau=buffer.tau)
+        if ages.get("age_hist") is not None:
+            row["buffer_age_hist"] = ages["age_hist"]
+            row["buffer_age_mass"] = ages["age_mass"]
+    return row
+
+
+def write_checkpoint(run: Run) -> Path:
+    def write(folder: Path) -> None:
+        run.policy.save_pretrained(folder / "model")
+        if run.sharded is not None:  # every rank writes its shards of the weights and of Adam's state
+            run.sharded.save(folder)
+            run.state.save(folder, optimizer_state={})
+        else:
+            run.state.save(folder)
+        (folder / "config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
+
+    c = run.state.counters
+    path = save_checkpoint(run.dir / "checkpoints", c.iteration, write, keep=run.cfg.run.keep_checkpoints)
+    prune_best(run.dir, c.best_iteration, c.iteration)
+    return path
+
+
+# -- the end of the run --------------------------------------------------------------------------
+def finish(run: Run) -> dict[str, Any]:
+    """Last checkpoint, final evaluation, the selected policy's evaluation, summary, curves."""
+    cfg, c = run.cfg, run.state.counters
+    best = cfg.eval.select == "best"
+    if best and cfg.eval.every and c.best_iteration != c.iteration \
+            and (c.iteration % cfg.eval.every or c.best_iteration < 0):
+        validate_policy(run)  # the last iteration is a candidate too (a time budget ends anywhere)
+    newest = list_checkpoints(run.dir / "checkpoints")
+    if not newest or newest[-1].name != f"iter_{c.iteration:06d}":
+        write_checkpoint(run)
+    evaluate_phase(run, "final", cfg.eval.final_episodes, cfg.eval.both)
+    selected = None
+    if best and 0 <= c.best_iteration < c.iteration:
+        from agents.weights import load_weights_into
+
+        selected = best_folder(run.dir, c.best_iteration)
+        run.state.release_optimizer()  # after the last checkpoint nothing trains on: free Adam's state first
+        run.ref = None
+        load_weights_into(run.policy, selected / "model")  # in place: no second copy of the model
+        evaluate_phase(run, "selected", cfg.eval.final_episodes, cfg.eval.both, {"policy_iteration": c.best_iteration})
+    summary = summarize(run.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
+    summary["agent"] = str((selected or list_checkpoints(run.dir / "checkpoints")[-1]) / "model")
+    summary["selected_iteration"] = c.best_iteration if selected is not None else c.iteration
+    start = pretrain_line(run)
+    if start:
+        summary["text"] += "\n" + start
+    summary["text"] += (f"\nthe agent: {summary['agent']} (iteration {summary['selected_iteration']}"
+                        + (f", the best validation success {c.best_success:.2f} of the periodic evaluations; "
+                           "'final' rows: the last iteration" if selected is not None else ", the last") + ")")
+    (run.dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    (run.dir / "summary.txt").write_text(summary["text"] + "\n", encoding="utf-8")
+    plot_curves(run.dir / "metrics.jsonl", run.dir / "curves.png", title=summary["verdict"])
+    print(summary["text"])
+    return summary
+
+
+def steps_phrase(rep: dict[str, Any]) -> str:
+    """``"2000 steps (the last 400 following the subgoal words)"``: the steps of a pretraining
+    report, and of its follow stage where it had one."""
+    follow = rep.get("pretrain_follow_steps")
+    return f"{rep['pretrain_steps']} steps" + (f" (the last {follow} following the subgoal words)" if follow else "")
+
+
+def success_phrase(rep: dict[str, Any]) -> str:
+    """``", imitating 812 successful random episodes of 16,400"``: where the pretraining
+    imitated random play's successes (``--pretrain-success``), how many it found and in how
+    many random episodes in all; empty elsewhere."""
+    found = rep.get("pretrain_successes_imitated")
+    return f", imitating {found:,} successful random episodes of {rep['pretrain_episodes']:,}" if found else ""
+
+
+def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:
+    """How well the pretrained model writes held-out next states, and how that stands to the
+    bar, from a pretraining report (the start line and the summary say it alike)."""
+    if "pretrain_dynamics_exact_after" not in rep:
+        return ""
+    phrase = f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
+    if "pretrain_reached_bar" in rep:
+        phrase += f" ({'reached' if rep['pretrain_reached_bar'] else 'below'} the bar {cfg.pretrain.recipe().until_exact:.2f})"
+    return phrase
+
+
+def pretrain_line(run: Run) -> str:
+    """The summary's line on the start model's pretraining (from this session's report, or the
+    run's ``pretrain`` metrics record after a resume); empty without pretraining."""
+    rep = run.start_report
+    path = run.dir / "metrics.jsonl"
+    if not rep and path.exists():
+        with open(path, encoding="utf-8") as fh:
+            rep = next((r for r in map(json.loads, fh) if r.get("kind") == "pretrain"), {})
+    if not rep:
+        return ""
+    return (f"the start: pretrained {steps_phrase(rep)} on the task's transitions{success_phrase(rep)}"
+            f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}")
