@@ -6,7 +6,8 @@
 #   2. the defaults on a GPU: bf16 weights and CUDA graphs (no enforce_eager), read back from the
 #      engine, and the weight sync at 0.5B/1.5B size (benchmarks/vllm_sync_bench.py);
 #   3. colocated training of a random-initialised Qwen2.5-VL-3B-size model (engine and learner on
-#      one GPU, the engine asleep during updates): tokens/s, sync seconds and peak memory.
+#      one GPU, the engine asleep during updates; LoRA rank 16 with a bf16 base, merged weights
+#      pushed through CUDA IPC): tokens/s, sync seconds and peak memory.
 #
 # Needs an environment with the project and a CUDA build of vLLM >= 0.32 in ONE venv (the trainer
 # and the engine then share torch, so NCCL and CUDA IPC handles match):
@@ -83,8 +84,9 @@ torch.cuda.reset_peak_memory_stats()
 argv = ["--runs-root", str(out), "--run-name", "colocate", "--model", str(folder), "--device", "cuda",
         "--dtype", "bf16", "--env-id", "freshper/FrozenLakeVision-v0", "--engine", "vllm",
         "--vllm-args", json.dumps({"colocate": True}), "--iterations", "4", "--tasks-per-iter", "8",
-        "--group-size", "4", "--max-new-tokens", "32", "--gradient-checkpointing", "--pretrain-steps", "0",
-        "--eval-every", "0", "--final-eval-episodes", "0", "--no-eval-both", "--no-diagnostics", "--no-progress",
+        "--group-size", "4", "--max-new-tokens", "32", "--gradient-checkpointing", "--lora-rank", "16",
+        "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
+        "--no-diagnostics", "--no-progress",
         "--no-tensorboard"]
 code = train.main(argv)
 rows = [json.loads(l) for l in (out / "colocate" / "metrics.jsonl").read_text().splitlines()]
