@@ -74,8 +74,10 @@ if not (folder / "config.json").exists():
     model = Qwen2_5_VLForConditionalGeneration(cfg).to(torch.bfloat16)
     folder.mkdir(parents=True)
     model.save_pretrained(folder)
+    from transformers import Qwen2VLVideoProcessor
     Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 256),
-                        tokenizer=tok, chat_template=CHAT_TEMPLATE).save_pretrained(folder)
+                        tokenizer=tok, video_processor=Qwen2VLVideoProcessor(),
+                        chat_template=CHAT_TEMPLATE).save_pretrained(folder)
     tok.save_pretrained(folder)
     del model
 import train
