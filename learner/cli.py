@@ -43,7 +43,8 @@ def parse_value(kind: str, text: str) -> Any:
     return casts[base](text)
 
 
-def add_flag(parser: argparse.ArgumentParser, name: str, kind: str, default: Any, doc: str) -> None:
+def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, kind: str, default: Any,
+             doc: str) -> None:
     """``--name`` (underscores as dashes) for a setting of type ``kind`` (``bool``: a
     ``--name/--no-name`` pair), its help ``doc`` and its default; unset, it is absent from the
     parsed result (``dest`` is ``name``)."""
@@ -54,7 +55,7 @@ def add_flag(parser: argparse.ArgumentParser, name: str, kind: str, default: Any
                             help=help_text)
     else:
         parser.add_argument(flag, dest=name, type=lambda s, k=kind: parse_value(k, s), default=argparse.SUPPRESS,
-                            metavar=kind.replace(" | None", "").upper(), help=help_text)
+                            metavar=kind.replace(" | None", "").split("[")[0].upper(), help=help_text)
 
 
 def check_type(name: str, kind: str, value: Any) -> Any:

@@ -261,8 +261,9 @@ def _raise_first(checks: list[tuple[bool, str]]) -> None:
             raise ValueError(message)
 
 
-def _prefixed(prefix: str) -> dict[str, str]:
-    return {"prefix": prefix}
+def _section(summary: str, prefix: str = "") -> dict[str, str]:
+    """A section's metadata: what it holds (its --help heading) and its settings' name prefix."""
+    return {"summary": summary, "prefix": prefix}
 
 
 @dataclass
@@ -271,20 +272,30 @@ class Config:
     flat settings with :func:`make_config` or :func:`config_from_dict`, from a command line
     with :func:`parse_config`; :func:`settings` gives the flat settings back."""
 
-    run: RunSettings = field(default_factory=RunSettings)
-    model: ModelSettings = field(default_factory=ModelSettings)
-    lora: LoraSettings = field(default_factory=LoraSettings, metadata=_prefixed("lora_"))
+    run: RunSettings = field(default_factory=RunSettings,
+                             metadata=_section("the run folder, its seeds, how long it runs, its checkpoints and logs"))
+    model: ModelSettings = field(default_factory=ModelSettings,
+                                 metadata=_section("the start model, its device, precision and threads"))
+    lora: LoraSettings = field(default_factory=LoraSettings,
+                               metadata=_section("LoRA adapters (rank 0: every weight trains)", "lora_"))
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
         "freshper/FrozenLake-v0", None, "window:0", group_size=8, max_new_tokens=8, temperature=1.0,
-        max_context_tokens=1024))
+        max_context_tokens=1024), metadata=_section("the task and how its episodes are played"))
     pretrain: PretrainConfig = field(default_factory=lambda: PretrainConfig(steps=None, until_exact=None),
-                                     metadata=_prefixed("pretrain_"))
-    rl: RLSettings = field(default_factory=RLSettings)
-    loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.04))
-    replay: ReplaySettings = field(default_factory=lambda: ReplaySettings(mode="fresh"))
-    eval: EvalSettings = field(default_factory=EvalSettings, metadata=_prefixed("eval_"))
-    scale: ScaleSettings = field(default_factory=ScaleSettings)
-    engine: EngineOptions = field(default_factory=EngineOptions)
+                                     metadata=_section("the start model's pretraining on the task's own transitions",
+                                                       "pretrain_"))
+    rl: RLSettings = field(default_factory=RLSettings,
+                           metadata=_section("one RL iteration: its tasks, the advantages, the optimizer"))
+    loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.04),
+                             metadata=_section("the IS-corrected GRPO loss"))
+    replay: ReplaySettings = field(default_factory=lambda: ReplaySettings(mode="fresh"),
+                                   metadata=_section("the replay buffer and the replay updates"))
+    eval: EvalSettings = field(default_factory=EvalSettings,
+                               metadata=_section("held-out evaluations and the policy the run delivers", "eval_"))
+    scale: ScaleSettings = field(default_factory=ScaleSettings,
+                                 metadata=_section("rollout workers and asynchronous collection (docs/scaling.md)"))
+    engine: EngineOptions = field(default_factory=EngineOptions,
+                                  metadata=_section("the sampling engine of training rollouts (docs/scaling.md)"))
 
     def __post_init__(self) -> None:
         # the fields that are not settings of their own: the pretraining clips gradients as
@@ -471,9 +482,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of settings, flat (tau: 5) or by section (replay: {tau: 5}); "
                                          "flags given here override it")
     default = Config()
-    docs = {section: field_docs(cls) for section, cls in section_classes().items()}
+    groups = {}
+    for section in dataclasses.fields(Config):
+        cls = section_classes()[section.name]
+        groups[section.name] = (parser.add_argument_group(f"{section.name} settings", section.metadata["summary"]),
+                                field_docs(cls))
     for name, s in all_settings().items():
-        add_flag(parser, name, s.kind, s.read(default), docs[s.section].get(s.field.name, ""))
+        group, docs = groups[s.section]
+        add_flag(group, name, s.kind, s.read(default), docs.get(s.field.name, ""))
     parser.add_argument("--async", dest="async_collect", action="store_true", default=argparse.SUPPRESS,
                         help="same as --async-collect")
     parser.add_argument("--is-weights", choices=list(SHORTHANDS["is_weights"]), default=argparse.SUPPRESS,
