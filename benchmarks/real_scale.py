@@ -4,7 +4,7 @@ feature combination, freshper's learner beside TRL's GRPOTrainer on the same mod
     python benchmarks/real_scale.py                        # the CPU plan: the sizes 24 GB hold
     python benchmarks/real_scale.py --plan gpu --device cuda   # one 80 GB GPU (docs/scaling.md)
     python benchmarks/real_scale.py --models qwen2.5-0.5b --features bf16,bf16+ckpt --no-trl
-    python benchmarks/real_scale.py --plan gpu --device cuda --sharded   # + the 2-process learner
+    python benchmarks/real_scale.py --plan gpu --device cuda --sharded   # + the 2-process learner (torchrun)
 
 Models are randomly initialised from the published configurations of Qwen2.5-0.5B-Instruct,
 Qwen2.5-1.5B-Instruct and Qwen2.5-VL-3B-Instruct (the values are written below; nothing is
@@ -347,6 +347,58 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     return out
 
 
+def run_sharded(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """freshper's sharded learner on this ``torchrun`` rank (FSDP2): the same batch, each rank
+    its part; rank 0's numbers are reported (its peak is the largest: no sampler copy here)."""
+    import numpy as np
+    import torch
+
+    from agents.lora import LoraSettings, add_lora
+    from agents.policy import Policy
+    from agents.precision import resolve_dtype
+    from learner import distributed
+    from learner.loss import LossConfig
+    from learner.update import AdapterReference, policy_update
+
+    device = distributed.init(args.device)
+    compute = resolve_dtype(feat["dtype"], device)
+    policy = Policy.from_pretrained(folder, device="cpu", dtype=compute if feat["lora"] else torch.float32,
+                                    compute_dtype=compute)
+    if feat["lora"]:
+        add_lora(policy, LoraSettings(rank=feat["lora"]))
+    if feat["ckpt"]:
+        policy.enable_gradient_checkpointing()
+    records = make_records(policy, args)
+    distributed.shard_policy(policy, compute)
+    if device.type == "cuda":
+        policy.model.to(device)
+    if feat["lora"]:
+        ref = AdapterReference(policy)
+    else:
+        ref = Policy.from_pretrained(folder, device=device, dtype=compute)
+        ref.model.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in policy.model.parameters() if p.requires_grad], lr=1e-6)
+    n, shard, loss_cfg = len(records), distributed.Shard(distributed.rank(), distributed.world_size()), LossConfig(kl_coef=KL)
+
+    def update(on_policy: bool):
+        weights = np.ones(n) if on_policy else np.linspace(0.5, 1.5, n)
+        ages = np.zeros(n) if on_policy else np.arange(n, dtype=float)
+        return policy_update(policy, ref, opt, None, records, weights, ages, loss_cfg=loss_cfg, on_policy=on_policy,
+                             micro_batch=args.micro_batch, shard=shard)
+
+    if not args.no_warmup:
+        update(True)
+    out: dict[str, Any] = {"path": "full", "world_size": distributed.world_size()}
+    for kind, on_policy in (("grpo", True), ("replay", False)):
+        torch.distributed.barrier()
+        with Peak(str(device)) as peak:
+            stats = update(on_policy)
+        out[kind] = {"seconds": peak.seconds, "cpu_seconds": peak.cpu_seconds, "peak_bytes": peak.peak,
+                     "tokens": seq_tokens(records), "loss": stats.get("loss")}
+    torch.distributed.destroy_process_group()
+    return out
+
+
 # -- TRL ---------------------------------------------------------------------------------------
 def run_trl(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
@@ -459,22 +511,26 @@ def worker(spec: dict[str, Any]) -> None:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     torch.manual_seed(0)
     folder, feat = Path(spec["folder"]), FEATURES[spec["features"]]
+    runner = {"freshper": run_freshper, "trl": run_trl, "freshper-2proc": run_sharded}[spec["framework"]]
     try:
-        result = (run_freshper if spec["framework"] == "freshper" else run_trl)(folder, feat, args)
+        result = runner(folder, feat, args)
         result["status"] = "ok"
     except (torch.OutOfMemoryError, MemoryError):
         result = {"status": "out of memory"}
     except Exception as exc:  # noqa: BLE001 - reported in the table, the other combinations go on
         result = {"status": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
-    print("RESULT " + json.dumps(result), flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("RESULT " + json.dumps(result), flush=True)
 
 
 def measure(model: str, features: str, framework: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     spec = {"folder": str(folder), "features": features, "framework": framework, "args": vars(args)}
     # Idle OpenMP threads sleep, so a process's CPU time is the work it did, not spinning.
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE"}
+    launcher = [sys.executable] if framework != "freshper-2proc" else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     try:
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+        proc = subprocess.run([*launcher, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                               capture_output=True, text=True, env=env, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return {"status": f"over {args.timeout:g} s"}
@@ -492,6 +548,24 @@ def gib(n: float) -> str:
 
 def rate(r: dict[str, Any], clock: str) -> float:
     return r["tokens"] / max(r[clock], 1e-9)
+
+
+def sharded_table(rows: list[dict[str, Any]], clock: str = "seconds") -> str:
+    """The 2-process learner beside the 1-process one (rank 0's peak and the job's tokens/s)."""
+    unit = "tokens/s" if clock == "seconds" else "tokens/CPU-s (rank 0)"
+    lines = [f"| model | features | update | 1 process peak GiB | 1 process {unit} | 2 processes: rank 0 peak GiB | "
+             f"2 processes {unit} |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        one, two = row["freshper"], row.get("freshper-2proc")
+        if two is None:
+            continue
+        for kind in ("grpo", "replay"):
+            cells = [row["model"], row["features"], kind]
+            for res in (one, two):
+                cells += ([gib(res[kind]["peak_bytes"]), f"{rate(res[kind], clock):.0f}"] if res.get("status") == "ok"
+                          else [res.get("status", "?"), ""])
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]], clock: str = "seconds") -> str:
@@ -538,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement process")
     parser.add_argument("--cache", default=str(REPO / ".cache" / "real_scale"))
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--sharded", action="store_true",
+                        help="also the sharded learner on 2 processes (torchrun; FSDP2, gloo on the CPU, NCCL on GPUs)")
     parser.add_argument("--memory-table", action="store_true", help="print the computed memory rows and exit")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -558,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = model_folder(model, Path(args.cache))
         for features in (args.features.split(",") if args.features else plan[model]):
             row = {"model": model, "features": features}
-            for framework in ("freshper",) + (() if args.no_trl else ("trl",)):
+            for framework in ("freshper",) + (() if args.no_trl else ("trl",)) + (("freshper-2proc",) if args.sharded else ()):
                 t0 = time.perf_counter()
                 row[framework] = measure(model, features, framework, folder, spec_args)
                 print(f"  {model} {features} {framework}: {row[framework].get('status')} "
@@ -569,6 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         print()
         print(table(rows, "cpu_seconds"))
+    if args.sharded:
+        print()
+        print(sharded_table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(spec_args), "rows": rows}, indent=1), encoding="utf-8")
     return 0
