@@ -4,7 +4,7 @@ feature combination, freshper's learner beside TRL's GRPOTrainer on the same mod
     python benchmarks/real_scale.py                        # the CPU plan: the sizes 24 GB hold
     python benchmarks/real_scale.py --plan gpu --device cuda   # one 80 GB GPU (docs/scaling.md)
     python benchmarks/real_scale.py --models qwen2.5-0.5b --features bf16,bf16+ckpt --no-trl
-    python benchmarks/real_scale.py --plan gpu --device cuda --sharded   # + the 2-process learner (torchrun)
+    python benchmarks/real_scale.py --plan gpu --device cuda --sharded   # + the 2-process learner (2 GPUs)
 
 Models are randomly initialised from the published configurations of Qwen2.5-0.5B-Instruct,
 Qwen2.5-1.5B-Instruct and Qwen2.5-VL-3B-Instruct (the values are written below; nothing is
