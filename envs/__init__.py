@@ -15,6 +15,7 @@ from envs.registry import (
     registered_tasks,
     task_class,
     task_spec,
+    unregister,
 )
 from envs.spaces import AnyText
 from envs import _builtin  # noqa: F401  (registers the freshper/* tasks)
@@ -32,6 +33,7 @@ __all__ = [
     "registered_tasks",
     "task_class",
     "task_spec",
+    "unregister",
     "AnyText",
 ]
 

@@ -216,6 +216,14 @@ def register(
     return spec
 
 
+def unregister(env_id: str) -> TaskSpec:
+    """Remove a registered task (from freshper's registry and gymnasium's); returns its spec."""
+    spec = task_spec(env_id)
+    del _TASKS[env_id]
+    gym.registry.pop(env_id, None)
+    return spec
+
+
 def task_spec(env_id: str) -> TaskSpec:
     """Look up a registered task, suggesting close ids when it is unknown."""
     try:

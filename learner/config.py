@@ -1,21 +1,17 @@
 """Every setting of a run: one :class:`Config` of sections, each the settings object of the code
 that uses it, each checking its own values when it is built.
 
-=========  =====================================  ==================================================
-section    settings object                        used by
-=========  =====================================  ==================================================
-run        :class:`RunSettings`                   the run folder, seeds, schedule, checkpoints, logs
-model      :class:`ModelSettings`                 the start model, device, precision, threads
-lora       :class:`agents.lora.LoraSettings`      the LoRA adapters (rank 0: none)
-rollout    :class:`agents.runner.RolloutConfig`   the task and how episodes are played
-pretrain   :class:`learner.pretrain.PretrainConfig`  the start model's pretraining
-rl         :class:`RLSettings`                    the RL iteration: tasks, advantages, optimizer
-loss       :class:`learner.loss.LossConfig`       the GRPO loss
-replay     :class:`learner.state.ReplaySettings`  the replay buffer and the replay updates
-eval       :class:`EvalSettings`                  held-out evaluations and the delivered policy
-scale      :class:`ScaleSettings`                 rollout workers and asynchronous collection
-engine     :class:`agents.distributed.EngineOptions`  the sampling engine (hf or vLLM)
-=========  =====================================  ==================================================
+- ``run`` (:class:`RunSettings`): the run folder, seeds, schedule, checkpoints, logs;
+- ``model`` (:class:`ModelSettings`): the start model, device, precision, threads;
+- ``lora`` (:class:`agents.lora.LoraSettings`): the LoRA adapters (rank 0: none);
+- ``rollout`` (:class:`agents.runner.RolloutConfig`): the task and how episodes are played;
+- ``pretrain`` (:class:`learner.pretrain.PretrainConfig`): the start model's pretraining;
+- ``rl`` (:class:`RLSettings`): the RL iteration: tasks, advantages, optimizer;
+- ``loss`` (:class:`learner.loss.LossConfig`): the GRPO loss;
+- ``replay`` (:class:`learner.state.ReplaySettings`): the replay buffer and the replay updates;
+- ``eval`` (:class:`EvalSettings`): held-out evaluations and the delivered policy;
+- ``scale`` (:class:`ScaleSettings`): rollout workers and asynchronous collection;
+- ``engine`` (:class:`agents.distributed.EngineOptions`): the sampling engine (hf or vLLM).
 
 Each setting has one flat name, the command-line flag (``--tau``) and the key of ``--config``
 files and of a run's saved ``config.yaml`` (``tau: 5``): the section's prefix (``pretrain_``,
@@ -24,6 +20,8 @@ files and of a run's saved ``config.yaml`` (``tau: 5``): the section's prefix (`
 settings under their section, by field name (``replay: {tau: 5, capacity: 320}``). Field
 metadata ``locked`` marks the settings a resume may not change; ``setting: False`` a field
 that is not a setting of its own (:class:`Config` fills it from another section).
+``--async`` is another spelling of ``--async-collect``; ``--is-weights base|classical`` sets
+``--is-target`` and ``--is-normalize`` together (:data:`SHORTHANDS`).
 
 Checks that span sections live in :meth:`Config.check_across`; what depends on the machine
 (the device, the precision it supports) in :func:`check_machine`, run when a run starts, so a

@@ -256,10 +256,14 @@ def test_an_environment_by_factory_and_by_installed_id(tmp_path, monkeypatch) ->
     env.close()
 
     spec = register_verifiers_env("verifiers/GuessGame-v0", FACTORY, env_args={"n": 2}, override=True)
-    assert spec.kwargs["env"] == FACTORY and spec.requires == ("verifiers",)
-    own = gym.make("verifiers/GuessGame-v0")
-    assert len(own.unwrapped.dataset) == 2
-    own.close()
+    try:
+        assert spec.kwargs["env"] == FACTORY and spec.requires == ("verifiers",)
+        own = gym.make("verifiers/GuessGame-v0")
+        assert len(own.unwrapped.dataset) == 2
+        own.close()
+    finally:  # the registry is the process's: leave it as the other tests find it
+        envs.unregister("verifiers/GuessGame-v0")
+    assert "verifiers/GuessGame-v0" not in gym.registry
 
 
 def test_bad_environments_and_arguments_are_named() -> None:
