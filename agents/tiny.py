@@ -292,7 +292,7 @@ def build_tiny_model(
                    + ([hashlib.sha256(task_text.encode()).hexdigest()] if task_text else [])
                    + ([f"width {width}"] if width != DEFAULT_WIDTH else [])).encode()
     ).hexdigest()[:12]
-    if task_text:  # a task's own vocabulary (envs.base.MultiTurnEnv.tokenizer_text) beside the episodes
+    if task_text:  # a task's own vocabulary (envs.capabilities.TaskVocabulary) beside the episodes
         corpus = f"{corpus}\n{task_text}"
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-{modality}-s{seed}{f'-w{width}' if width != DEFAULT_WIDTH else ''}-{key}"
@@ -313,13 +313,14 @@ TASK_VOCAB_SIZE = 2048
 def task_model(env_id: str, env_kwargs: dict | None = None, cache_dir: str | os.PathLike | None = None,
                seed: int = 0, width: int = DEFAULT_WIDTH) -> Path:
     """The embedded tiny model for ``env_id``: the shared one of its modality, or, where the task
-    has text of its own (:meth:`~envs.base.MultiTurnEnv.tokenizer_text`), one whose tokenizer
+    has text of its own (:class:`envs.capabilities.TaskVocabulary`), one whose tokenizer
     (``TASK_VOCAB_SIZE`` tokens) also learned from that text."""
     import envs
+    from envs.capabilities import tokenizer_text
 
     env = envs.make(env_id, **dict(env_kwargs or {}))
     try:
-        text = env.unwrapped.tokenizer_text()
+        text = tokenizer_text(env.unwrapped)
     finally:
         env.close()
     modality = envs.task_spec(env_id).modality

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from envs.base import REASONINGS
+from envs.capabilities import REASONINGS
 
 
 def interleaved_step_seconds(jobs: dict, env_id: str, kwargs: dict, rounds: int, seed: int = 0,

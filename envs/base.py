@@ -1,4 +1,4 @@
-"""The multi-turn task contract shared by every freshper environment.
+"""The multi-turn task contract shared by every freshper environment: what a task *is*.
 
 A task is a ``gymnasium.Env`` whose action is the model's raw reply (``str``) and whose
 observation is ``{"text": str}`` (text tasks) or ``{"text": str, "image": uint8 (H, W, 3)}``
@@ -22,28 +22,23 @@ what a task declares or implements         what it is for / the default
 ``state_text``, ``parse_action``,
 ``apply_action``
 ``render_image()``                         vision tasks (required there), optional otherwise
+``render_text()``                          the state in the task's text notation;
+                                           ``state_text()``
+``task_info()``                            extra ``info`` entries; none
 ``legal_actions()`` or ``sample_reply()``  random well-formed replies: the random agent,
                                            pretraining replies (required: one of the two)
 ``effective_actions()``                    the legal actions that change the state (what
                                            ``sample_reply`` draws); all legal ones
 ``format_reply(action)``                   ``<answer>action</answer>``
 ``describe_action(reply)``                 the answer tag's content
-``outcome_text(terminated, success)``      the new state (``render_text``), or
-                                           ``success``/``failure``
-``lookahead_text()``                       optional: what each legal action leads to, in a
-                                           few words (the ``--reasoning lookahead`` prefix)
-``aim_text()``                             optional: where what the agent works towards lies
-                                           relative to it, in a few words (``--reasoning aim``
-                                           writes it before the lookahead)
-``subgoal_text()``                         optional: the next place to reach and what to do
-                                           there (``--reasoning subgoal``)
-``subgoal_moves()``                        optional: the legal actions that do what the
-                                           subgoal says (``--pretrain-follow-steps``)
-``counterfactual_probes(rng, n)``          none
 ``before_batch_step(envs, replies)``       class method; nothing
-``turn_diagnostics(turns)``                class method; ``{}``: task-specific numbers over
-                                           played ``(observation, reply)`` turns
 =========================================  ==================================================
+
+What a task may add for pretraining, the embedded model's tokenizer and diagnostics (a
+lookahead, an aim, a subgoal, the outcome of a step as text, its own vocabulary, counterfactual
+probes, per-turn diagnostics) are optional capabilities, each a protocol of
+:mod:`envs.capabilities`: a task offers one by defining its method, and the code that uses it
+checks for it there.
 """
 
 from __future__ import annotations
@@ -63,51 +58,6 @@ _ANSWER_CLOSE = "</answer>"
 # Lowercases ASCII only, so indices stay aligned with the original reply: str.lower() can
 # change the length of non-ASCII text (e.g. "İ" -> "i̇"), which would shift every slice.
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-#: What a reply writes before its answer (``--reasoning``): nothing, the task's lookahead
-#: (:meth:`MultiTurnEnv.lookahead_text`), the state itself in the task's text notation
-#: (:meth:`MultiTurnEnv.render_text`: a vision task's policy transcribes the image, then answers),
-#: where the agent's target lies, a comma, then the lookahead (:meth:`MultiTurnEnv.aim_text`:
-#: ``" box Down goal Up, Up wall Down move Left wall Right move"``), or the next place to reach and
-#: what to do there, a comma, then the lookahead (:meth:`MultiTurnEnv.subgoal_text`:
-#: ``" stand Up Left push Right, Up wall ..."``).
-REASONINGS = ("none", "lookahead", "state", "aim", "subgoal")
-
-
-def reasoning_text(task: Any, mode: str) -> str | None:
-    """The think-tag content of a ``mode`` reply in ``task``'s current state (``None`` for
-    ``"none"``). Raises ``NotImplementedError`` where the task lacks what the mode needs."""
-    if mode == "none":
-        return None
-    if mode == "lookahead":
-        return task.lookahead_text()
-    if mode == "state":
-        return task.render_text()
-    if mode == "aim":
-        return task.aim_text() + "," + task.lookahead_text()
-    if mode == "subgoal":
-        return task.subgoal_text() + "," + task.lookahead_text()
-    raise ValueError(f"reasoning must be one of {REASONINGS}, got {mode!r}")
-
-
-def direction_words(src: tuple[int, int], dst: tuple[int, int]) -> str:
-    """Where grid cell ``dst`` (row, column) lies seen from ``src``: ``" Up Left"``, ``" Down"``,
-    ... (the vertical word first; empty for the same cell): the words of the tasks' ``aim_text``."""
-    (r0, c0), (r1, c1) = src, dst
-    return ("" if r1 == r0 else " Up" if r1 < r0 else " Down") + ("" if c1 == c0 else " Left" if c1 < c0 else " Right")
-
-
-def states_lookahead(think: str, lookahead: str) -> bool:
-    """Whether a think tag's content is ``lookahead`` (stripped) or ends with it, as it does
-    after the aim (``--reasoning aim``): the turn diagnostics' ``lookahead_exact``."""
-    return think == lookahead or think.endswith(" " + lookahead)
-
-
-def think_reply(lookahead: str, reply: str) -> str:
-    """``reply`` with ``lookahead`` before it in a think tag: ``<think>...</think><answer>...``.
-    Parsing reads the last complete answer tag, so the env executes the same action."""
-    return f"<think>{lookahead}</think>{reply}"
 
 
 def extract_tag(reply: str, tag: str = "answer") -> str | None:
@@ -139,7 +89,10 @@ class MultiTurnEnv(gym.Env[dict, str]):
     - ``state_text()``: the current state as text (the board, the question, ...);
     - ``parse_action(reply)``: ``(action, None)`` or ``(None, "what was wrong")``;
     - ``apply_action(action)``: ``(reward, feedback, terminated, success)``;
+    - ``legal_actions()`` or ``sample_reply(rng)``: random well-formed replies;
     - vision tasks also ``render_image()`` returning uint8 (H, W, 3).
+
+    Optional capabilities (a lookahead, probes, diagnostics, ...) are :mod:`envs.capabilities`.
 
     The base class guarantees: invalid replies never raise and leave the state unchanged,
     cost ``format_penalty`` and are explained in the next observation; ``max_turns`` ends the
@@ -158,7 +111,7 @@ class MultiTurnEnv(gym.Env[dict, str]):
     modality: ClassVar[Modality] = "text"
     #: True when the observed state (``state_text()``, and the image for vision tasks) is all an
     #: agent needs to act: no history and no feedback lines. Trainers then default to
-    #: ``feedback=False`` in ``window:0`` context (``train.py``, ``--env-kwargs``).
+    #: ``feedback=False`` in ``window:0`` context (a task kwarg, so a run may override it).
     markov_state: ClassVar[bool] = False
     #: Shape of the observed image for vision tasks; subclasses set it in ``__init__``.
     image_shape: tuple[int, int, int] | None = None
@@ -211,9 +164,12 @@ class MultiTurnEnv(gym.Env[dict, str]):
         self.episode_return = 0.0
         self._done = False
         self._success = False
+        if self.modality == "text":  # nothing of the subclass shapes a text task's spaces
+            self._build_spaces()
 
     def _build_spaces(self) -> None:
-        """Set ``observation_space``; call at the end of a subclass ``__init__``."""
+        """Set ``observation_space``: a vision task calls it at the end of its ``__init__``, once
+        ``image_shape`` is set (a text task's are built by this class; calling it again is harmless)."""
         spaces: dict[str, gym.Space] = {"text": AnyText(max_length=1 << 22)}
         if self.modality == "vision":
             if self.image_shape is None:
@@ -251,6 +207,7 @@ class MultiTurnEnv(gym.Env[dict, str]):
         return {}
 
     # -- what trainers and tools need from a task (docs/design.md#the-task-contract-envsbasepy) ---------
+    # (the optional extras, a lookahead, probes, diagnostics, ..., are protocols of envs.capabilities)
     def legal_actions(self) -> list[str]:
         """The actions a well-formed reply may name in the current state (discrete tasks).
 
@@ -295,84 +252,12 @@ class MultiTurnEnv(gym.Env[dict, str]):
         content = extract_tag(reply)
         return content if content is not None else reply.strip()
 
-    def tokenizer_text(self) -> str:
-        """Text the embedded tiny model of this task should learn its tokens from, beside the
-        sampled episodes of every task: the task's own vocabulary where random play shows
-        little of it (SearchQA: its knowledge base, whose made-up names would otherwise be
-        spelled out letter by letter). Empty by default: the shared tokenizer."""
-        return ""
-
-    def outcome_text(self, terminated: bool, success: bool) -> str:
-        """What the last step led to, as text: the new state in the task's text notation
-        (:meth:`render_text`), or a word for how the episode ended. The target of dynamics
-        pretraining: predicting it makes a model read the state it acts on."""
-        if terminated:
-            return "success" if success else "failure"
-        return self.render_text()
-
-    def lookahead_text(self) -> str:
-        """What each legal action leads to in the current state, in a few words (FrozenLake:
-        ``" Left - Down F Right H Up -"``, the cell each move steps on). With ``--reasoning
-        lookahead`` the pretraining's format replies start with it in a think tag
-        (:func:`think_reply`), so the policy learns to write what it sees next to it before
-        it answers; no word of it says which action is good. Optional: tasks without it
-        train with ``--reasoning none``."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement lookahead_text(); train it with --reasoning none")
-
-    def aim_text(self) -> str:
-        """Where what the agent works towards lies relative to it, in a few words (Sokoban:
-        ``" box Up Left goal Down"``, the nearest box off its goal seen from the player and the
-        nearest free goal seen from that box; FrozenLake: ``" goal Down Right"``). With
-        ``--reasoning aim`` the pretraining's format replies start with it and the lookahead in
-        a think tag. Like the lookahead it describes the state, never which action is good.
-        Optional: tasks without it train with another ``--reasoning``."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement aim_text(); train it with --reasoning none or lookahead")
-
-    def subgoal_text(self) -> str:
-        """The next place to reach and what to do there, in a few words (Sokoban:
-        ``" stand Up Left push Right"``, the nearest cell from which a push moves the box
-        towards its goal, seen from the player, and that push; ``" stand here push Right"`` on
-        it). With ``--reasoning subgoal`` the pretraining's format replies start with it and the
-        lookahead in a think tag, paired with random moves like every format reply: the words
-        describe the state, and whether the move follows them is left to RL, or to a follow stage
-        (:meth:`subgoal_moves`). Optional."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement subgoal_text(); train it with --reasoning none or lookahead")
-
-    def subgoal_moves(self) -> list[str]:
-        """The legal actions that do what :meth:`subgoal_text` says (Sokoban: the push on the
-        push spot, else a step towards it); empty where none does. What a move that follows
-        the words is: ``--pretrain-follow-steps`` pretrains on replies whose move is one of
-        these, so the model learns what its words mean as a move. Optional."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement subgoal_moves(); train it without --pretrain-follow-steps")
-
     @classmethod
     def before_batch_step(cls, envs: "Sequence[MultiTurnEnv]", replies: Sequence[str]) -> None:
         """Called by batched runners with every env of this class that is about to be stepped
         this turn, and its reply, before stepping them one by one: a task whose step does
         expensive I/O does it here for the whole batch (search: one retrieval request per turn).
         ``step`` must give the same result whether or not this ran. The default does nothing."""
-
-    def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list[tuple[dict, dict, str]]:
-        """Up to ``n`` pairs of states that differ in one detail a competent policy must react to.
-
-        Each item is ``(options_a, options_b, action)``: ``reset(seed=..., options=options_a)``
-        puts the task in state a (likewise b), and a policy that reads the state prefers
-        ``action`` more in state b than in state a; a policy blind to that detail shows no
-        difference. Empty when the task defines none (the default).
-        """
-        return []
-
-    @classmethod
-    def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
-        """Task-specific numbers computed from played turns, each ``(observation text, reply)``
-        (e.g. from evaluation records); trainers log them with every evaluation. A class method
-        because it reads only the text, not a live env. The default has none (``{}``); FrozenLake
-        reports its safe-move probe."""
-        return {}
 
     # -- the contract -------------------------------------------------------------------
     def _observation(self, text: str) -> dict[str, Any]:

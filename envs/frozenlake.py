@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, direction_words, extract_tag, states_lookahead
+from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.capabilities import direction_words, states_lookahead
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 LEFT, DOWN, RIGHT, UP = range(4)
@@ -306,7 +307,7 @@ class FrozenLakeEnv(MultiTurnEnv):
 
     def aim_text(self) -> str:
         """Where the goal lies seen from the player: ``" goal Down Right"`` (the vertical word
-        first; ``--reasoning aim`` writes it before the lookahead)."""
+        first; reasoning mode ``aim`` writes it before the lookahead)."""
         goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
         return " goal" + direction_words(self.pos, goal)
 
@@ -362,7 +363,7 @@ class FrozenLakeEnv(MultiTurnEnv):
 
         Returns ``probe_states`` (qualifying turns), ``probe_down_right`` (of those, replies of
         Down or Right) and ``probe_safe_rate`` (NaN when there were none). Where replies write a
-        lookahead (``--reasoning lookahead`` or ``aim``), also ``lookahead_turns`` (turns on a
+        lookahead (reasoning ``lookahead`` or ``aim``), also ``lookahead_turns`` (turns on a
         board with a think tag) and ``lookahead_exact``: how often it ends by naming all four
         cells right.
         """

@@ -238,7 +238,8 @@ def task_spec(env_id: str) -> TaskSpec:
 
 def task_class(env_id: str) -> type:
     """The class of a registered task, loaded without building an env: for the class methods
-    of the contract, e.g. ``task_class(env_id).turn_diagnostics(turns)``."""
+    of the contract and its capabilities, e.g.
+    ``envs.capabilities.turn_diagnostics(task_class(env_id), turns)``."""
     spec = task_spec(env_id)
     creator = _Creator(env_id, spec.entry_point)._load()
     if not isinstance(creator, type):

@@ -15,8 +15,9 @@ rewards and ``info``, and the task contract's text methods (``legal_actions``,
 served task can be pretrained on too; ``sample_reply(rng)`` draws locally from the served
 ``effective_actions`` exactly as the task would. Runners that step a turn's envs together
 (:func:`MultiTurnEnv.before_batch_step`) send the whole turn to each server as one ``/batch``
-request. Not available remotely: ``counterfactual_probes`` (none) and ``turn_diagnostics``
-(``{}``).
+request. The optional text capabilities (:mod:`envs.capabilities`) are answered by the served
+task, a missing one with ``NotImplementedError`` on the call (the client cannot know beforehand).
+Not available remotely: ``counterfactual_probes`` and ``turn_diagnostics`` (the defaults: none).
 
 Faults: the server is retried while it cannot be reached (``client_retries`` times, with
 backoff) and a full server (503) is waited for likewise. A step that then still fails
@@ -293,13 +294,6 @@ class RemoteEnv(gym.Env):
 
     def render_image(self) -> np.ndarray:
         return decode_image(self._call("render_image"))
-
-    def counterfactual_probes(self, rng: np.random.Generator, n: int) -> list:
-        return []
-
-    @classmethod
-    def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
-        return {}
 
 
 class RemoteVisionEnv(RemoteEnv):

@@ -73,6 +73,21 @@ CALLS = ("instructions", "state_text", "render_text", "legal_actions", "effectiv
          "tokenizer_text", "render_image", "skips_noop_moves")
 
 
+def _answer(task: Any, method: str, args: list) -> Any:
+    """``task``'s answer to a call of :data:`CALLS`: an optional capability (envs.capabilities)
+    through its accessor, so a task without it answers the default, or a ``MissingCapability``
+    (``NotImplementedError``, a 501) where there is none."""
+    from envs import capabilities
+
+    if method in ("outcome_text", "tokenizer_text"):
+        return getattr(capabilities, method)(task, *args)
+    need = {"lookahead_text": capabilities.Lookahead, "aim_text": capabilities.Aim,
+            "subgoal_text": capabilities.Subgoal, "subgoal_moves": capabilities.SubgoalMoves}.get(method)
+    if need is not None:
+        capabilities.require(task, need)
+    return getattr(task, method)(*args)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one server allows; anything beyond is refused with a clear error."""
@@ -329,7 +344,7 @@ class TaskService:
         if not isinstance(args, list) or len(args) > 4:
             raise ServeError(400, "'args' must be a list of at most 4 JSON values")
         try:
-            result = getattr(env.unwrapped, method)(*args)
+            result = _answer(env.unwrapped, method, args)
         except NotImplementedError as exc:
             raise ServeError(501, str(exc) or f"{method} is not implemented by {type(env.unwrapped).__name__}") from None
         except TypeError as exc:

@@ -139,15 +139,15 @@ def check_reasoning(cfg: Config, env_kwargs: dict[str, Any]) -> None:
     """Refuse ``--reasoning lookahead|state|...`` (and ``--pretrain-follow-steps``) at start for
     a task that lacks what it needs."""
     import envs
-    from envs.base import reasoning_text
+    from learner.pretrain import follow_moves, think_text
 
     mode = cfg.pretrain.reasoning
     env = envs.make(cfg.rollout.env_id, **dict(env_kwargs))
     try:
         env.reset(seed=0)
-        reasoning_text(env.unwrapped, mode)
+        think_text(env.unwrapped, mode)  # its optional capabilities (envs.capabilities) the mode needs
         if cfg.pretrain.follow_steps > 0:
-            env.unwrapped.subgoal_moves()
+            follow_moves(env.unwrapped)
     except NotImplementedError as exc:
         raise ValueError(f"--reasoning {mode}: {exc or type(env.unwrapped).__name__ + ' has no text notation of its state'}") from None
     finally:

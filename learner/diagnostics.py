@@ -15,7 +15,7 @@ scored in full and renormalised over the task's actions; no sampling):
   that a board-blind model fitted to those replies puts there (one distribution for every state,
   the mean of the states' uniform-over-legal distributions).
 - ``counterfactual_shift``: over the task's counterfactual probes
-  (:meth:`~envs.base.MultiTurnEnv.counterfactual_probes`: pairs of states that differ in one
+  (:class:`envs.capabilities.CounterfactualProbes`: pairs of states that differ in one
   detail, e.g. FrozenLake's hole below vs to the right of the player), the mean increase of
   the probability of the action that detail favours. 0 for a policy blind to it; up to 1.
   ``counterfactual_ci_low`` / ``_high``: its 95% interval over the pairs (normal approximation),
@@ -25,7 +25,7 @@ scored in full and renormalised over the task's actions; no sampling):
 Prompts are built as a ``window:0`` runner builds them (instructions and the current
 observation), the setting these diagnostics are meant for. With ``reasoning="lookahead"``
 (``"state"``) every candidate reply starts with the state's true lookahead (its text) in a think tag
-(:func:`envs.base.think_reply`), the same for all actions of a state, so the distribution is
+(:func:`envs.capabilities.think_reply`), the same for all actions of a state, so the distribution is
 that of the answer given correct lookahead.
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
-from envs.base import reasoning_text, think_reply
+from envs.capabilities import counterfactual_probes, reasoning_text, think_reply
 from learner.batch import batch_logprobs, supervised_batches
 
 #: Seeds of the diagnostic states: a block of their own, far from training and evaluation seeds.
@@ -142,7 +142,7 @@ def policy_diagnostics(policy, env_id: str, env_kwargs: dict[str, Any] | None, *
                 out["illegal_mass"] = float((p * ~allowed).sum(1).mean())
                 blind = (allowed / allowed.sum(1, keepdims=True)).mean(0)
                 out["blind_illegal_mass"] = float((blind * ~allowed).sum(1).mean())
-        pairs = task.counterfactual_probes(np.random.default_rng(seed + 1), probes)
+        pairs = counterfactual_probes(task, np.random.default_rng(seed + 1), probes)
         if pairs:
             shown, ahead = [], []
             for options_a, options_b, _ in pairs:

@@ -7,7 +7,7 @@ without telling the model which action is good:
 
 - a **dynamics** example shows a state and a random well-formed action and asks for what it
   leads to: user = the task prompt of the state + ``"\\nMove: <action>"``, assistant =
-  ``<answer>`` + :meth:`~envs.base.MultiTurnEnv.outcome_text` + ``</answer>`` (the next
+  ``<answer>`` + :func:`envs.capabilities.outcome_text` + ``</answer>`` (the next
   state in the task's text notation, or how the episode ended: ``hole``/``goal`` on FrozenLake).
   Where the task's random replies leave out legal moves that do nothing
   (:meth:`~envs.base.MultiTurnEnv.effective_actions`, e.g. Sokoban's steps into a wall), the
@@ -16,7 +16,7 @@ without telling the model which action is good:
   (:meth:`~envs.base.MultiTurnEnv.sample_reply`, a uniform *effective* action), so the model
   learns to answer in format, with no preference between the actions that do something: to
   imitate it, the model must read which those are. With ``reasoning="lookahead"`` the reply starts with
-  what each legal action leads to (:meth:`~envs.base.MultiTurnEnv.lookahead_text`) in a think
+  what each legal action leads to (:class:`envs.capabilities.Lookahead`) in a think
   tag, ``<think> Left - Down F Right H Up -</think><answer>Down</answer>``, so the policy
   learns to write what lies next to it before it answers (the answer is still random). With
   ``reasoning="state"`` the think tag holds the state itself in the task's text notation
@@ -61,7 +61,8 @@ import torch
 
 from agents.record import Sample
 from agents.tiny import DEFAULT_WIDTH
-from envs.base import REASONINGS, reasoning_text, think_reply
+from envs.capabilities import (REASONING_NEEDS, REASONINGS, SubgoalMoves, outcome_text, reasoning_text, require,
+                               supports_reasoning, think_reply)
 from learner.seeds import pretrain_seed
 from learner.update import nll_per_sample, supervised_step
 
@@ -239,7 +240,7 @@ class TransitionStreams:
                     text, images = self._prompt(obs, instructions, first)
                     reply = task.sample_reply(self.rng)
                     if self.reasoning != "none":
-                        reply = think_reply(reasoning_text(task, self.reasoning), reply)
+                        reply = think_reply(think_text(task, self.reasoning), reply)
                     turns.append(Example(text, images, reply, "success"))
                     obs, _, terminated, truncated, info = self._scout.step(reply)
                     first = False
@@ -283,18 +284,18 @@ class TransitionStreams:
             if kind == "dynamics":
                 reply = _dynamics_reply(task, reply, self.rng)
             if kind == "observe":  # the state as shown -> the state in text (perception alone)
-                out.append(Example(f"{text}\nState:", images, f"<answer>{task.outcome_text(False, False)}</answer>",
+                out.append(Example(f"{text}\nState:", images, f"<answer>{outcome_text(task, False, False)}</answer>",
                                    "observe"))
             if kind == "format" and self.follow_fraction > 0 and self.rng.random() < self.follow_fraction:
-                named = task.subgoal_moves()  # the move the think tag's words name, where one does
+                named = follow_moves(task)  # the move the think tag's words name, where one does
                 if named:
                     reply = task.format_reply(named[int(self.rng.integers(len(named)))])
             action = task.describe_action(reply)
             if kind == "format" and self.reasoning != "none":
-                reply = think_reply(reasoning_text(task, self.reasoning), reply)
+                reply = think_reply(think_text(task, self.reasoning), reply)
             nxt, _, terminated, truncated, info = env.step(reply)
             if kind == "dynamics":
-                outcome = task.outcome_text(bool(terminated), bool(info.get("success", False)))
+                outcome = outcome_text(task, bool(terminated), bool(info.get("success", False)))
                 out.append(Example(f"{text}\nMove: {action}", images, f"<answer>{outcome}</answer>", "dynamics"))
             elif kind == "format":
                 out.append(Example(text, images, reply, "format"))
@@ -303,6 +304,29 @@ class TransitionStreams:
             else:
                 self._state[k] = (nxt, instructions, False)
         return out
+
+
+def think_text(task, mode: str) -> str | None:
+    """The think tag of a ``--reasoning mode`` reply in ``task``'s state
+    (:func:`envs.capabilities.reasoning_text`); where the task lacks what the mode needs, a
+    ``NotImplementedError`` that also names the modes it can train with."""
+    try:
+        return reasoning_text(task, mode)
+    except NotImplementedError as exc:  # a remote task's comes from its server, naming no protocol
+        missing = getattr(exc, "capability", None)
+        modes = [m for m in REASONINGS if m != mode and supports_reasoning(task, m)
+                 and (missing not in REASONING_NEEDS[m] if missing else not REASONING_NEEDS[m])]
+        raise NotImplementedError(f"{exc}; train it with --reasoning {'|'.join(modes)}") from None
+
+
+def follow_moves(task) -> list[str]:
+    """The moves that do what the task's subgoal words say (``--pretrain-follow-steps``:
+    :class:`envs.capabilities.SubgoalMoves`); a ``NotImplementedError`` naming the flag where
+    the task has none."""
+    try:
+        return require(task, SubgoalMoves).subgoal_moves()
+    except NotImplementedError as exc:
+        raise NotImplementedError(f"{exc}; train it without --pretrain-follow-steps") from None
 
 
 def _dynamics_reply(task, reply: str, rng: np.random.Generator) -> str:

@@ -108,9 +108,9 @@ def intervals_disjoint(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 # -- the task's own probe ---------------------------------------------------------------------
 def task_turn_diagnostics(env_id: str, records: Iterable[Any], env_kwargs: dict[str, Any] | None = None) -> dict[str, float]:
-    """The task's probe over the turns of (evaluation) records: the env contract's
-    ``turn_diagnostics`` (FrozenLake: the safe-move rate where exactly one of Down/Right is a
-    hole, 0.5 = board-blind); empty for tasks without one.
+    """The task's probe over the turns of (evaluation) records: its ``turn_diagnostics``
+    (:class:`envs.capabilities.TurnDiagnostics`; FrozenLake: the safe-move rate where exactly
+    one of Down/Right is a hole, 0.5 = board-blind); empty for tasks without one.
 
     An image task's observation text does not show the state, so for a vision task each episode
     is replayed on the task (``env_kwargs``, the record's task seed and replies) and the probe
@@ -118,6 +118,7 @@ def task_turn_diagnostics(env_id: str, records: Iterable[Any], env_kwargs: dict[
     a replay does not reproduce its record (a task that is not deterministic given its seed),
     there is no probe: ``{}``."""
     import envs
+    from envs.capabilities import turn_diagnostics
 
     cls = envs.task_class(env_id)
     if cls.modality == "vision":
@@ -127,7 +128,7 @@ def task_turn_diagnostics(env_id: str, records: Iterable[Any], env_kwargs: dict[
             return {}
     else:
         turns = [(t.observation, t.reply) for rec in records for t in rec.turns]
-    return cls.turn_diagnostics(turns)
+    return turn_diagnostics(cls, turns)
 
 
 def replayed_state_turns(env_id: str, env_kwargs: dict[str, Any], records: Iterable[Any]) -> list[tuple[str, str]]:

@@ -71,7 +71,7 @@ def test_transcriptions_are_scored_against_the_rebuilt_boards(tmp_path, capsys) 
     """``--reasoning state`` replies write the board before the answer; the probe's last column
     is how often that think tag is the turn's board exactly, read off the replayed text task."""
     from experiments.vision import image_probe
-    from envs.base import think_reply
+    from envs.capabilities import think_reply
 
     env = envs.make("freshper/FrozenLakeVision-v0", feedback=False)
     rng, records, right, total_turns = random.Random(5), [], 0, 0

@@ -1,6 +1,7 @@
 """The layers import one way: envs < replay < agents < learner < train.py, with no circles.
 
-``envs`` imports neither torch nor ``agents``; ``replay`` imports numpy and the standard library
+``envs`` imports neither torch nor ``agents`` (``envs/capabilities.py``, what the learner checks a
+task for, numpy and the standard library alone); ``replay`` imports numpy and the standard library
 only; no package imports a higher layer; the modules of ``agents`` import each other without a
 circle (type-checking-only imports included in the scan, so a protocol is not a loophole);
 importing train.py or any module of the packages runs nothing: no thread, no read of
@@ -58,10 +59,18 @@ def test_replay_uses_numpy_and_the_standard_library_only() -> None:
 
 def test_importing_envs_loads_neither_torch_nor_agents() -> None:
     code = ("import sys, envs, gymnasium as gym; gym.make('freshper/FrozenLake-v0').reset(seed=0); "
-            "import envs.play, envs.search; "
+            "import envs.play, envs.search, envs.capabilities; "
             "print(sorted(m for m in ('torch', 'agents', 'learner', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_optional_capabilities_module_uses_numpy_and_the_standard_library_only() -> None:
+    """``envs/capabilities.py`` is what learner/ and agents/ check a task for: it imports no torch,
+    nothing of agents/ or learner/, not even the rest of envs/ (a task need not import it)."""
+    allowed = set(sys.stdlib_module_names) | {"numpy"}
+    imports = _imports(REPO / "envs" / "capabilities.py")
+    assert not sorted(i for i in imports if i.split(".")[0] not in allowed), imports
 
 
 def test_agents_modules_import_each_other_without_a_circle() -> None:

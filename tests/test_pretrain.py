@@ -337,7 +337,7 @@ def _neighbours(board: list[list[str]]) -> str:
 
 
 def test_frozenlake_lookahead_names_the_cell_each_move_steps_on_and_keeps_the_answer() -> None:
-    from envs.base import think_reply
+    from envs.capabilities import think_reply
 
     env = envs.make("freshper/FrozenLake-v0")
     env.reset(seed=0, options={"desc": ["SFHF", "FHFF", "FFFF", "FFFG"], "position": [0, 1]})
@@ -354,12 +354,12 @@ def test_frozenlake_lookahead_names_the_cell_each_move_steps_on_and_keeps_the_an
     diag = type(env.unwrapped).turn_diagnostics([(board, right), (board, wrong), (board, right), (board, "<answer>Up</answer>")])
     assert diag["lookahead_turns"] == 3 and diag["lookahead_exact"] == pytest.approx(2 / 3)
     assert "lookahead_exact" not in type(env.unwrapped).turn_diagnostics([(board, "<answer>Up</answer>")])
-    sokoban = envs.make("freshper/Sokoban-v0")
-    sokoban.reset(seed=0)
-    from envs.base import MultiTurnEnv
+    search = envs.make("freshper/SearchQA-v0")  # a task without the Lookahead capability (envs.capabilities)
+    search.reset(seed=0)
+    from learner.pretrain import think_text
 
-    with pytest.raises(NotImplementedError, match="--reasoning none"):  # the contract's default for tasks without one
-        MultiTurnEnv.lookahead_text(sokoban.unwrapped)
+    with pytest.raises(NotImplementedError, match="--reasoning none"):  # what the learner says of tasks without one
+        think_text(search.unwrapped, "lookahead")
 
 
 def test_lookahead_format_examples_write_the_prompt_states_neighbours_before_a_random_answer() -> None:
@@ -483,7 +483,7 @@ def test_random_replies_drawn_another_way_get_another_cache_key(monkeypatch) -> 
 def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -> None:
     from agents.policy import Policy
     from agents.tiny import build_tiny_model
-    from envs.base import think_reply
+    from envs.capabilities import think_reply
     from learner.diagnostics import action_probabilities, policy_diagnostics
 
     policy = Policy.from_pretrained(build_tiny_model("text"))
@@ -520,7 +520,9 @@ def test_a_task_with_text_of_its_own_gets_a_tokenizer_that_knows_its_names(tmp_p
         assert env.unwrapped.question.golden_answers[0] in text
     finally:
         env.close()
-    assert envs.make("freshper/FrozenLake-v0").unwrapped.tokenizer_text() == ""
+    from envs.capabilities import tokenizer_text
+
+    assert tokenizer_text(envs.make("freshper/FrozenLake-v0").unwrapped) == ""  # no TaskVocabulary: the default
     own = task_model("freshper/SearchQA-v0", None, cache_dir=tmp_path)
     assert own != shared and task_model("freshper/SearchQA-v0", None, cache_dir=tmp_path) == own  # cached
     big, small = AutoTokenizer.from_pretrained(own), AutoTokenizer.from_pretrained(shared)

@@ -298,7 +298,7 @@ def test_turn_diagnostics_count_wasted_moves_and_exact_lookaheads_from_the_text(
     """The evaluation's Sokoban numbers read the board back from the observation text (with
     feedback, any notation) and agree with the live env: the no-op rate with the moves the
     real step did not carry out, the exact lookahead with the env's own lookahead."""
-    from envs.base import think_reply
+    from envs.capabilities import think_reply
     from envs.sokoban.env import ACTIONS
 
     rng = np.random.default_rng(1)
@@ -623,7 +623,7 @@ def test_aim_replies_write_the_aim_then_the_lookahead_and_the_diagnostics_score_
     """``--reasoning aim``: the pretraining's format replies think ``box .. goal .., <lookahead>``
     read off the live env, and the evaluation's diagnostics score each part against the
     board read back from the observation (a wrong aim leaves the lookahead exact)."""
-    from envs.base import reasoning_text, think_reply
+    from envs.capabilities import reasoning_text, think_reply
     from envs.sokoban.env import aim_words, lookahead_words
     from learner.pretrain import TransitionStreams
 
@@ -660,7 +660,7 @@ def test_subgoal_names_the_nearest_push_spot_and_the_push_and_the_diagnostics_sc
     """``subgoal_words``: the floor cell behind the box from which a push brings it closer to
     its goal, seen from the player (``here`` on it), then that push; spots in a wall are
     skipped. The diagnostics score the words and whether the move does what they say."""
-    from envs.base import reasoning_text, think_reply
+    from envs.capabilities import reasoning_text, think_reply
     from envs.sokoban.env import subgoal_words
 
     def words(xsb: str) -> str:
@@ -702,7 +702,7 @@ def test_subgoal_moves_are_the_push_on_the_spot_else_a_plain_step_the_words_name
     """``subgoal_moves``: what a move that follows the subgoal words is (the pretraining's
     follow stage plays one): the push standing on the spot, a plain step in a ``stand``
     direction otherwise, none where the words name no spot or every named step hits a wall."""
-    from envs.base import think_reply
+    from envs.capabilities import think_reply
     from envs.sokoban.env import subgoal_moves
 
     def moves(xsb: str) -> list[str]:

@@ -17,7 +17,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, direction_words, extract_tag, states_lookahead
+from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.capabilities import direction_words, states_lookahead
 from envs.sokoban.generator import generate_room
 from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
 from envs.sokoban.xsb import LevelCollection, LevelError, SokobanLevel, parse_xsb, reachable_cells
@@ -587,11 +588,11 @@ class SokobanEnv(MultiTurnEnv):
         """Over every turn whose observation shows a board: ``noop_moves`` (valid moves played)
         and ``noop_rate``, the share of them that changed nothing (into a wall or a blocked box;
         0 for a policy that looks where it steps; NaN with no valid move). Where replies write a
-        lookahead (``--reasoning lookahead``, ``aim`` or ``subgoal``), also ``lookahead_turns`` and
+        lookahead (reasoning ``lookahead``, ``aim`` or ``subgoal``), also ``lookahead_turns`` and
         ``lookahead_exact``: how often the think tag ends by naming what all four moves lead to;
-        where they write the aim first (``--reasoning aim``), also ``aim_turns`` and
+        where they write the aim first (reasoning ``aim``), also ``aim_turns`` and
         ``aim_exact``: how often the think tag's opening words place the box and goal right;
-        where they write the subgoal first (``--reasoning subgoal``), ``subgoal_turns`` and
+        where they write the subgoal first (reasoning ``subgoal``), ``subgoal_turns`` and
         ``subgoal_exact`` likewise, ``subgoal_followed``: how often the move is the one the right
         words name (the push on the spot, else a step named in the ``stand`` words), and
         ``subgoal_obeyed``: how often it is the one the reply's own words name, right or wrong

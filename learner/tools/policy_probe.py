@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envs.base import REASONINGS
+from envs.capabilities import REASONINGS
 
 
 def main(argv: list[str] | None = None) -> int:
