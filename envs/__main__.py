@@ -37,8 +37,9 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def list_tasks(out: TextIO = sys.stdout, as_json: bool = False) -> None:
-    """Write the table (or JSON lines) of registered tasks to ``out``."""
+def list_tasks(out: TextIO | None = None, as_json: bool = False) -> None:
+    """Write the table (or JSON lines) of registered tasks to ``out`` (default: ``sys.stdout`` now)."""
+    out = sys.stdout if out is None else out
     specs = envs.registered_tasks()
     if as_json:
         for s in specs:

@@ -116,15 +116,17 @@ def play(
     player: Player | None = None,
     random_agent: bool = False,
     auto: bool = False,
-    stdin: TextIO = sys.stdin,
-    stdout: TextIO = sys.stdout,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
 ) -> PlaySummary:
     """Play one episode of ``env_id`` reading replies from ``stdin``; return its summary.
 
     ``player`` proposes each reply (``random_agent``: the task's random agent); an empty
     input line accepts a proposal, any other line replaces it. ``auto`` sends every proposal
-    without reading input (the random agent's default on the command line).
+    without reading input (the random agent's default on the command line). ``stdin`` and
+    ``stdout`` default to the process's streams at the time of the call.
     """
+    stdin = sys.stdin if stdin is None else stdin
     env = envs.make(env_id, **(kwargs or {}))
     if random_agent:
         player = RandomPlayer(env, seed)
@@ -134,7 +136,7 @@ def play(
     if player is not None:
         player.reset(obs, info)
     frames = [f for f in [_frame(env)] if f is not None] if save_gif else []
-    out = stdout
+    out = sys.stdout if stdout is None else stdout
     out.write(f"Playing {env_id} (seed {seed}). A bare reply like 'up' is sent as <answer>up</answer>; "
               "'q' quits.\n")
     _show(env, obs, out)
