@@ -59,11 +59,10 @@ import numpy as np
 
 from agents.record import Trajectory, episode_stats
 from agents.runner import RolloutConfig, Runner
+from agents.seeds import shard_rng_seed
 
 logger = logging.getLogger(__name__)
 
-#: Stride between the sampling seeds of shards (a prime, so shard seeds of nearby requests do not collide).
-SHARD_SEED_STRIDE = 1_000_000_007
 #: Timers summed over shards in a collect's stats.
 _TIMERS = ("generation_s", "env_s", "tokenization_s")
 #: The repository root (the folder holding ``agents/``): Ray workers import the project from it.
@@ -79,12 +78,6 @@ class Shard:
     seeds: tuple[int, ...]
     rng_seed: int
     group_base: int
-
-
-def shard_rng_seed(rng_seed: int, first_task: int) -> int:
-    """The sampling seed of the shard starting at task ``first_task`` of a request seeded
-    ``rng_seed``: the request's own seed for the first shard, so one shard is the plain runner."""
-    return int(rng_seed) if first_task == 0 else (int(rng_seed) + SHARD_SEED_STRIDE * int(first_task)) % 2**63
 
 
 def plan_shards(seeds: Sequence[int], shards: int, *, rng_seed: int, group_base: int) -> list[Shard]:

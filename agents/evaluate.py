@@ -4,7 +4,7 @@
         [--seed 1900000000] [--greedy] [--context window:0] [--kw KEY=VALUE ...] [--save DIR]
     python -m agents.evaluate --env ID --base-url URL --model NAME [--api-key-env VAR] ...   # agents/openai_eval.py
 
-Seed convention: held-out tasks use seeds from ``EVAL_SEED_OFFSET`` (1.9e9) on; ``train.py``
+Seed convention: held-out tasks use seeds from ``agents.seeds.EVAL_SEED_BASE`` (1.9e9) on; ``train.py``
 draws training and warm-up seeds below it and evaluates from it too, so this CLI's default
 maps are the ones a run's evaluations used and were never trained on. Each evaluation
 episode is its own task seed (group size 1). Success is reported with a 95% Wilson interval,
@@ -28,10 +28,9 @@ import numpy as np
 from agents.policy import Policy, configure_threads
 from agents.record import Trajectory, episode_stats, save_records
 from agents.runner import Runner
+from agents.seeds import EVAL_SEED_BASE
 
 logger = logging.getLogger(__name__)
-
-EVAL_SEED_OFFSET = 1_900_000_000
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -88,7 +87,7 @@ def evaluate(
     env_id: str,
     *,
     episodes: int = 100,
-    seed: int = EVAL_SEED_OFFSET,
+    seed: int = EVAL_SEED_BASE,
     greedy: bool = False,
     env_kwargs: dict[str, Any] | None = None,
     context: str = "window:0",
@@ -161,7 +160,7 @@ def endpoint_main(argv: list[str]) -> int:
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
     parser.add_argument("--model", required=True, help="the model name the endpoint serves")
     parser.add_argument("--episodes", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed")
     parser.add_argument("--greedy", action="store_true", help="temperature 0")
     parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
     parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
     parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     parser.add_argument("--episodes", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED_OFFSET, help="first task seed (held-out seeds start at EVAL_SEED_OFFSET = 1900000000)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed (held-out seeds start at agents.seeds.EVAL_SEED_BASE = 1900000000)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
     parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",

@@ -48,6 +48,7 @@ import httpx
 import numpy as np
 
 from agents.record import Sample, Trajectory, Turn, episode_stats
+from agents.seeds import request_seed
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ async def play_episode(endpoint: ChatEndpoint, settings: EndpointSettings, seed:
                 done = await endpoint.complete(
                     messages, max_tokens=settings.max_new_tokens,
                     temperature=0.0 if settings.greedy else settings.temperature,
-                    seed=(rng_seed * 1_000_003 + seed * 1009 + len(turns)) % (2 ** 31))
+                    seed=request_seed(rng_seed, seed, len(turns)))
             except RetriesExhausted as exc:
                 failed, end_reason, error = True, "failed", str(exc)
                 break

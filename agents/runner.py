@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from agents.policy import Policy
-from agents.record import Generation, Sample, Trajectory, Turn, assign_group_advantages, episode_stats
+from agents.record import Generation, Sample, Trajectory, Turn, episode_stats
 from agents.sampling import TurnKVCache
+from agents.seeds import counter_seed
 
 logger = logging.getLogger(__name__)
 
@@ -262,8 +263,8 @@ class Runner:
         rng_seed: int | None = None,
         group_base: int | None = None,
     ) -> tuple[list[Trajectory], dict[str, float]]:
-        """Play ``len(seeds) x group_size`` episodes; return records (with group advantages)
-        and stats (:func:`~agents.record.episode_stats` plus timings). ``reply_fn(obs, info,
+        """Play ``len(seeds) x group_size`` episodes; return records (advantage 0: the learner
+        assigns advantages, :mod:`learner.advantages`) and stats (:func:`~agents.record.episode_stats` plus timings). ``reply_fn(obs, info,
         env)`` replaces the model (scripted replies: loss mask 1, behaviour log-probs 0).
 
         ``rng_seed`` seeds the sampling of this call (default: the runner's seed and a call
@@ -296,7 +297,7 @@ class Runner:
         # full context: each turn's prompt extends the last one plus its reply; reuse their KV.
         turn_cache = TurnKVCache() if self.window is None and reply_fn is None else None
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed * 1_000_003 + self._calls if rng_seed is None else int(rng_seed))
+            torch.manual_seed(counter_seed(self.seed, self._calls) if rng_seed is None else int(rng_seed))
             self._calls += 1
             while active:
                 t0 = time.perf_counter()
@@ -344,7 +345,6 @@ class Runner:
                 active = still
         bar.close()
         records = [self._record(ep, policy_version) for ep in episodes]
-        assign_group_advantages(records)
         return records, self._stats(records, timers, time.perf_counter() - wall0)
 
     def _observe(self, ep: _Episode, first: bool = False) -> None:

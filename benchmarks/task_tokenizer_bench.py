@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     import envs
-    from agents.evaluate import EVAL_SEED_OFFSET
+    from agents.seeds import EVAL_SEED_BASE
     from agents.policy import Policy
     from agents.runner import default_env_kwargs
     from agents.tiny import build_tiny_model, task_model
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     env = envs.make(args.env_id, **kwargs)
     answers = []
     for k in range(args.questions):
-        env.reset(seed=EVAL_SEED_OFFSET + k)
+        env.reset(seed=EVAL_SEED_BASE + k)
         if hasattr(env.unwrapped, "question"):  # SearchQA's tasks: their gold answers
             answers += list(env.unwrapped.question.golden_answers)
     env.close()

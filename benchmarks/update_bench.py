@@ -57,6 +57,7 @@ def main(argv=None) -> None:
     policy = Policy.from_pretrained(model_path)
     ref = Policy.from_pretrained(a.ref or model_path)
     ref.model.requires_grad_(False)
+    from learner.advantages import assign_group_advantages
     from learner.update import policy_update
 
     runner = Runner(policy, "freshper/FrozenLake-v0", group_size=8, context="window:0", max_new_tokens=8, temperature=1.0, seed=1)
@@ -66,6 +67,7 @@ def main(argv=None) -> None:
         t = time.perf_counter()
         records, _ = runner.collect(list(range(1000 + 8 * k, 1008 + 8 * k)), policy_version=0)
         t_collect.append(time.perf_counter() - t)
+    assign_group_advantages(records)
     good = [r for r in records if not r.failed]
     samples = [s for r in good for s in r.samples if s.num_sampled > 0]
     unique, _ = group_prompts([s.token_ids for s in samples], prompt_lengths(samples))

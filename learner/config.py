@@ -41,10 +41,10 @@ from typing import Any, Sequence
 from agents.distributed import EngineOptions
 from agents.lora import LoraSettings
 from agents.runner import RolloutConfig
+from agents.seeds import MAX_RUN_SEED
 from learner.cli import add_flag, check_type, field_docs, load_config_file
 from learner.loss import LossConfig
 from learner.pretrain import PretrainConfig
-from learner.seeds import MAX_RUN_SEED
 from learner.state import ReplaySettings
 
 #: RL iterations of the default run (``python train.py``): with two replay updates per iteration

@@ -38,11 +38,10 @@ import numpy as np
 import torch
 
 from agents.record import Sample
+from agents.seeds import DIAGNOSTIC_SEED_BASE
 from envs.capabilities import counterfactual_probes, reasoning_text, think_reply
 from learner.batch import batch_logprobs, supervised_batches
 
-#: Seeds of the diagnostic states: a block of their own, far from training and evaluation seeds.
-DIAGNOSTIC_SEED_BASE = 2_100_000_000
 
 
 def _prompt(obs: dict, instructions: str, first: bool, with_images: bool) -> tuple[str, list[np.ndarray]]:

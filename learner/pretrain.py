@@ -60,10 +60,10 @@ import numpy as np
 import torch
 
 from agents.record import Sample
+from agents.seeds import pretrain_seed
 from agents.tiny import DEFAULT_WIDTH
 from envs.capabilities import (REASONING_NEEDS, REASONINGS, SubgoalMoves, outcome_text, reasoning_text, require,
                                supports_reasoning, think_reply)
-from learner.seeds import pretrain_seed
 from learner.update import nll_per_sample, supervised_step
 
 logger = logging.getLogger(__name__)

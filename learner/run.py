@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agents.seeds import EVAL_SEED_BASE, counter_seed, train_seed
 from learner import distributed
 from learner.build import (check_reasoning, load_policy, load_sharded_learner, reference_policy, think_span,
                            trainer_state, update_function)
@@ -38,7 +39,6 @@ from learner.evaluation import best_folder, evaluate_phase, prune_best, restore_
 from learner.machine import available_cpus, record_environment, torch_threads
 from learner.replay_log import NullReplayLog, open_replay_log
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize
-from learner.seeds import EVAL_SEED_BASE, train_seed
 from learner.state import TrainerState
 from learner.trackers import parse_report_to
 
@@ -279,19 +279,18 @@ def loop(run: Run) -> None:
 
 def iteration(run: Run) -> dict[str, Any]:
     """Collect, update on-policy, add to the buffer, replay; return the iteration's log row."""
-    from agents.record import assign_step_advantages
+    from learner.advantages import assign_advantages
     from learner.update import stepped
 
     cfg, c, buffer = run.cfg, run.state.counters, run.state.buffer
     it = c.iteration
     if cfg.rl.lr_decay != "none":
         run.state.set_lr(cfg.rl.lr * lr_factor(cfg.rl.lr_decay, it, cfg.run.planned_iterations()))
-    seed_everything(cfg.run.seed * 1_000_003 + it)  # everything random in an iteration follows from its counter
+    seed_everything(counter_seed(cfg.run.seed, it))  # everything random in an iteration follows from its counter
     t0 = time.monotonic()
-    # 1. collect B tasks x G rollouts with the current policy (group advantages stored)
+    # 1. collect B tasks x G rollouts with the current policy, and their advantages
     records, collected = run.collector.collect(**collect_request(cfg, it), policy_version=c.global_step)
-    if cfg.rl.advantage == "gigpo":
-        assign_step_advantages(records, gamma=cfg.rl.gigpo_gamma, weight=cfg.rl.step_weight)
+    assign_advantages(records, cfg.rl)
     good = [r for r in records if not r.failed]
     t1 = time.monotonic()
     # 2. one update on the fresh records: on-policy (ratio exactly 1) unless asynchronous
@@ -347,7 +346,7 @@ def train_seeds(cfg: Config, iteration: int) -> list[int]:
 def collect_request(cfg: Config, iteration: int) -> dict[str, Any]:
     """What iteration ``iteration`` collects: its task seeds, sampling seed and first group id
     (an asynchronous collector starts later iterations from this plan)."""
-    return {"seeds": train_seeds(cfg, iteration), "rng_seed": cfg.run.seed * 1_000_003 + iteration,
+    return {"seeds": train_seeds(cfg, iteration), "rng_seed": counter_seed(cfg.run.seed, iteration),
             "group_base": iteration * cfg.rl.tasks_per_iter}
 
 

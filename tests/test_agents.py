@@ -167,7 +167,7 @@ def test_scripted_replies_are_recorded_with_zero_logprobs(text_policy):
 def test_a_wasted_first_move_shares_its_anchor_with_the_next_turn(text_policy):
     """window:0: a move into a wall leaves the board as it was, so turn 1's prompt equals turn 0's
     (whose observation text also holds the instructions) and the turn-level credit compares them."""
-    from agents.record import assign_step_advantages
+    from learner.advantages import assign_step_advantages
     from envs.sokoban.env import ACTIONS
 
     def reply_fn(obs, info, env):

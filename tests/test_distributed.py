@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from agents.distributed import (ShardedCollector, build_collector, load_numpy_state, plan_shards, read_folder,
-                                shard_rng_seed, state_to_numpy, write_folder)
+                                state_to_numpy, write_folder)
 from agents.policy import Policy
 from agents.runner import RolloutConfig, Runner
+from agents.seeds import shard_rng_seed
 from agents.tiny import build_tiny_model
 
 LAKE = RolloutConfig("freshper/FrozenLake-v0", {"feedback": False}, "window:0", group_size=2, max_new_tokens=4,

@@ -6,7 +6,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from agents.evaluate import EVAL_SEED_OFFSET, main, wilson_interval  # noqa: E402
+from agents.evaluate import main, wilson_interval  # noqa: E402
+from agents.seeds import EVAL_SEED_BASE  # noqa: E402
 from agents.record import load_records  # noqa: E402
 
 
@@ -26,5 +27,5 @@ def test_cli_on_image_task_saves_records_and_gifs(tmp_path, monkeypatch, capsys)
     printed = capsys.readouterr().out
     assert "success" in printed and "mean return" in printed
     records = load_records(out)
-    assert len(records) == 3 and [r.seed for r in records] == [EVAL_SEED_OFFSET + i for i in range(3)]
+    assert len(records) == 3 and [r.seed for r in records] == [EVAL_SEED_BASE + i for i in range(3)]
     assert len(list((out / "gifs").glob("*.gif"))) == 3

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import envs
-from agents.record import Sample, Trajectory, Turn, assign_step_advantages, load_records, save_records
+from agents.record import Sample, Trajectory, Turn, load_records, save_records
+from learner.advantages import assign_step_advantages
 from learner.pretrain import PretrainConfig, TransitionStreams, has_random_replies, pretrain, pretrained_default
 
 # Tasks whose optional package (reasoning-gym, gem-llm) is not installed are skipped, with the hint.

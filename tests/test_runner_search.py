@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 from agents.policy import Policy  # noqa: E402
 from agents.runner import Runner  # noqa: E402
 from agents.tiny import build_tiny_model  # noqa: E402
+from learner.advantages import assign_group_advantages  # noqa: E402
 
 SEARCH = "freshper/SearchQA-v0"
 
@@ -43,6 +44,7 @@ def test_unreachable_retriever_fails_episodes_with_zero_advantage(text_policy):
         records, stats = runner.collect([0, 1], policy_version=3, reply_fn=_search_reply)
     finally:
         runner.close()
+    assign_group_advantages(records)  # what the learner does with every batch
     assert len(records) == 4 and stats["failed"] == 4
     for rec in records:
         assert rec.failed and rec.advantage == 0.0

@@ -41,11 +41,13 @@ def text_setup():
     from agents.policy import Policy
     from agents.runner import Runner
     from agents.tiny import build_tiny_model
+    from learner.advantages import assign_group_advantages
 
     torch.manual_seed(0)
     policy = Policy.from_pretrained(build_tiny_model("text"))
     runner = Runner(policy, "freshper/FrozenLake-v0", group_size=2, max_new_tokens=4, seed=3)
     records, _ = runner.collect([11, 12], policy_version=0)
+    assign_group_advantages(records)
     return policy, records
 
 
@@ -294,7 +296,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 def test_the_run_delivers_the_policy_that_validates_best(tmp_path: Path) -> None:
     """Periodic evaluations run on validation seeds; the best policy is kept in best/iter_N, scored
     on the test tasks beside the last iteration, named as the run's agent, and kept on resume."""
-    from learner.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
+    from agents.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
 
     # A 2x2 lake without holes: any well-formed moves reach the goal, so the briefly pretrained
     # start succeeds; a learning rate of 1.0 given on resume then wrecks its replies.
@@ -538,7 +540,7 @@ def test_no_think_loss_leaves_the_think_span_out_of_the_loss_and_its_token_count
 def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_path: Path) -> None:
     """--train-env-kwargs: training levels are the easier ones, evaluation stays on the task."""
     import envs
-    from learner.seeds import EVAL_SEED_BASE
+    from agents.seeds import EVAL_SEED_BASE
 
     cfg = tiny_config(tmp_path, run_name="cur", env_id="freshper/Sokoban-v0", iterations=1, eval_every=0,
                       train_env_kwargs={"max_solution_moves": 2})

@@ -39,14 +39,14 @@ import torch
 
 ENV_ID = "freshper/FrozenLake-v0"
 ESTIMATORS = ("episode", "nostd", "gigpo", "step")
-#: Task seeds of the measured batches: the held-out block (``agents.evaluate.EVAL_SEED_OFFSET``);
+#: Task seeds of the measured batches: the held-out block (``agents.seeds.EVAL_SEED_BASE``);
 #: nothing is trained on them here, and they are maps no training run sees.
 SEED_BASE = 1_900_000_000
 
 
 def set_advantages(records, estimator: str) -> None:
     """Give every record (and its samples) the advantages of ``estimator``."""
-    from agents.record import assign_group_advantages, assign_step_advantages
+    from learner.advantages import assign_group_advantages, assign_step_advantages
 
     assign_group_advantages(records)
     for r in records:

@@ -187,7 +187,7 @@ def probe(turns: list[tuple[str, str]]) -> float:
 
 
 def evaluate(model, tokenizer, n: int, style: str, greedy: bool, seed: int) -> dict:
-    from learner.seeds import EVAL_SEED_BASE
+    from agents.seeds import EVAL_SEED_BASE
 
     gen = torch.Generator().manual_seed(seed)
     model.eval()

@@ -23,7 +23,7 @@ import envs
 from agents.policy import Policy
 from envs.search.env import unasked_candidates
 from learner.diagnostics import action_probabilities
-from learner.seeds import EVAL_SEED_BASE
+from agents.seeds import EVAL_SEED_BASE
 
 
 def best_passage_candidates(task) -> list[str]:

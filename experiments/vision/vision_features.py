@@ -50,7 +50,7 @@ def main() -> int:
     from agents.policy import Policy
     from agents.tiny import build_tiny_model
     from envs.frozenlake import parse_board
-    from learner.seeds import EVAL_SEED_BASE
+    from agents.seeds import EVAL_SEED_BASE
 
     policy = Policy.from_pretrained(args.model or build_tiny_model("vision"))
     env, text_env = envs.make("freshper/FrozenLakeVision-v0"), envs.make("freshper/FrozenLake-v0")
