@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from learner import distributed
     from learner.build import serve_rank
-    from learner.checkpoint import CheckpointError
+    from learner.checkpoint import CheckpointError, DiskFullError, disk_full
     from learner.config import parse_config
     from learner.run import NonFiniteError, train
 
@@ -56,8 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("pretraining a --model runs in one process: pretrain it in a run without torchrun, "
                                  "then train its checkpoint's model folder under torchrun")
         train(cfg)
-    except (NonFiniteError, CheckpointError, FileExistsError, ValueError, FloatingPointError) as exc:
+    except (NonFiniteError, CheckpointError, DiskFullError, FileExistsError, ValueError, FloatingPointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not disk_full(exc):  # a full disk before the run folder is set up: no run to resume yet
+            raise
+        print(f"error: the disk is full ({str(exc).strip()[:300]}) before the run started: free space and "
+              "start it again", file=sys.stderr)
         return 2
     finally:
         torch.use_deterministic_algorithms(previous)

@@ -13,6 +13,7 @@ folder may hold no file it does not list.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -38,6 +39,48 @@ _NAME_RE = re.compile(r"^iter_(\d{6,})$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+#: What a full disk (or quota) says: errno, or the text libraries that wrap it keep (safetensors'
+#: "I/O error: No space left on device (os error 28)", torch's stream writer).
+_DISK_FULL_ERRNOS = (28, 122)  # ENOSPC, EDQUOT
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or during) is a full disk."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(t in str(exc) for t in _DISK_FULL_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _nearly_full(path: Path) -> bool:
+    """Whether the file system of ``path`` has (almost) no room left: under 1 MiB available."""
+    try:
+        return shutil.disk_usage(path).free < (1 << 20)
+    except OSError:
+        return False
+
+
+class DiskFullError(RuntimeError):
+    """The disk filled while a run wrote; the message says what is intact and how to go on."""
+
+
+def disk_full_error(run_dir: Path, exc: BaseException) -> DiskFullError:
+    """The clear error for a run whose disk filled: what failed, and that its complete
+    checkpoints are intact (written whole or not at all), so it resumes once there is space."""
+    done = list_checkpoints(run_dir / "checkpoints")
+    what = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    then = (f"its last complete checkpoint, {done[-1].name}, is intact: free space, then resume with "
+            f"python train.py --resume {run_dir}" if done else
+            f"it has no checkpoint yet: free space, then start it again (another --run-name, or remove {run_dir})")
+    return DiskFullError(f"the disk is full ({what}) while writing the run {run_dir}; {then}")
 
 
 class RunFolderError(ValueError):
@@ -117,8 +160,11 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Pa
         else:
             os.replace(tmp, final)
         _fsync_path(root)
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and not disk_full(exc) and _nearly_full(root)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:  # torch's stream writer says "iostream error", not what filled
+            raise OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {final.name}: {exc}") from exc
         raise
     for old in list_checkpoints(root)[: -keep if keep > 0 else None]:
         if old != final:

@@ -33,7 +33,8 @@ from agents.seeds import EVAL_SEED_BASE, counter_seed, train_seed
 from learner import distributed
 from learner.build import (check_reasoning, load_policy, load_sharded_learner, reference_policy, think_span,
                            trainer_state, update_function)
-from learner.checkpoint import CheckpointError, list_checkpoints, resolve_resume, save_checkpoint
+from learner.checkpoint import (CheckpointError, disk_full, disk_full_error, list_checkpoints, resolve_resume,
+                                save_checkpoint)
 from learner.config import Config, lr_factor, to_yaml, validate
 from learner.evaluation import best_folder, evaluate_phase, prune_best, restore_best, validate_policy
 from learner.machine import available_cpus, record_environment, torch_threads
@@ -62,6 +63,10 @@ def train(cfg: Config) -> dict[str, Any]:
     except FloatingPointError as exc:  # weights or outputs that are no longer finite
         raise NonFiniteError(f"{exc}; at iteration {run.state.counters.iteration} the updates had made the policy "
                              f"not finite: lower --lr. The checkpoints in {run.dir / 'checkpoints'} are intact") from exc
+    except Exception as exc:
+        if disk_full(exc):
+            raise disk_full_error(run.dir, exc) from exc
+        raise
     finally:
         run.close()
 
