@@ -4,6 +4,7 @@ and played remotely, and ``python -m envs new`` writes a plugin package that pas
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -97,3 +98,29 @@ def test_the_scaffolded_plugin_passes_its_own_test_from_a_clean_venv(core_venv: 
     again = subprocess.run([str(core_venv), "-m", "envs", "new", "mypkg/MyTask-v0", str(pkg)], cwd=tmp_path,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_the_scaffolded_plugin_trains_and_evaluates_from_the_embedded_default(tmp_path: Path) -> None:
+    """The package ``python -m envs new`` writes, installed as a user would (pip, its entry point
+    found by the registry, nothing imported by hand), trains a few iterations from the embedded
+    default and evaluates, through train.py."""
+    pkg, site = tmp_path / "plugin", tmp_path / "site"
+    _run([sys.executable, "-m", "envs", "new", "mypkg/MyTask-v0", str(pkg)], tmp_path)
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+          "--target", str(site), str(pkg)], tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "OMP_WAIT_POLICY": "PASSIVE",
+           "FRESHPER_CACHE": str(tmp_path / "cache")}
+    listing = subprocess.run([sys.executable, "-m", "envs", "list"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert "mypkg/MyTask-v0" in listing.stdout, listing.stdout + listing.stderr
+    flags = ["--env-id", "mypkg/MyTask-v0", "--runs-root", str(tmp_path / "runs"), "--run-name", "mine",
+             "--iterations", "2", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "8",
+             "--pretrain-steps", "4", "--pretrain-batch", "4", "--eval-every", "0", "--eval-episodes", "2",
+             "--final-eval-episodes", "4", "--checkpoint-every", "0", "--no-progress", "--no-tensorboard",
+             "--threads", "1"]
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), *flags], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "mine" / "summary.json").read_text())
+    assert summary["iterations"] == 2 and summary["episodes"] == 8
+    assert summary["evals"]["final"]["episodes_eval"] == 4 and summary["evals"]["baseline"]["episodes_eval"] == 4
