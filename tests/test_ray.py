@@ -118,6 +118,40 @@ def test_training_with_two_workers_equals_the_in_process_training(cluster, model
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_ray_workers_train_on_a_served_task_as_in_process_shards_train_on_the_task(cluster, tmp_path) -> None:
+    """A task served by ``python -m envs.serve``: Ray workers (the url is a task kwarg, so it travels
+    with the config; each worker opens its own sessions) train as in-process shards on the task
+    itself, to the same metrics and weights, and every session is closed at the end."""
+    from envs.serve import make_server
+
+    server = make_server("freshper/FrozenLake-v0", "127.0.0.1", 0)
+    opened, open_session = [], server.service.open
+    server.service.open = lambda body: opened.append(body) or open_session(body)  # count the sessions
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    kw = dict(iterations=2, replay="fresh", replay_batch=4, buffer_capacity=8)
+    try:
+        learner.run.train(make_config(runs_root=str(tmp_path), run_name="served", env_id="freshper/Remote-v0",
+                                      env_kwargs={"url": server.url, "feedback": False}, rollout_workers=2,
+                                      **TINY, **kw))
+        learner.run.train(make_config(runs_root=str(tmp_path), run_name="local", env_id="freshper/FrozenLake-v0",
+                                      env_kwargs={"feedback": False}, rollout_shards=2, **TINY, **kw))
+        assert server.service.open_sessions == 0 and len(opened) >= 2  # each worker played through it
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    def train_rows(run: str) -> list[dict]:
+        return [r for r in _rows(tmp_path / run) if r["kind"] == "train"]
+
+    served = train_rows("served")
+    assert len(served) == 2 and all(r["worker_restarts"] == 0 for r in read_metrics(tmp_path / "served" / "metrics.jsonl")
+                                    if r["kind"] == "train")
+    assert served == train_rows("local")
+    wa, wb = _weights(tmp_path / "served"), _weights(tmp_path / "local")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 # -- faults ------------------------------------------------------------------------------------
 def _searching_model(model_path: Path, folder: Path, rollout: RolloutConfig) -> Path:
     """The tiny model after a few supervised steps towards replying with a search on every turn
