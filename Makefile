@@ -76,8 +76,9 @@ view-screenshots: $(BROWSER_STAMP)
 view: setup
 	$(PY) -m agents.view runs $(ARGS)
 
-# The sharded learner with real processes: torchrun --nproc_per_node 2, FSDP2 over gloo (~2 min).
-test-dist: setup
+# The sharded learner with real processes: torchrun --nproc_per_node 2, FSDP2 over gloo, also
+# driving Ray rollout workers (~3 min).
+test-dist: setup-ray
 	$(PY) -m pytest -q tests/test_sharded_learner.py --distributed $(ARGS)
 
 test-ray: setup-ray

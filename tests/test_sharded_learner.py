@@ -127,3 +127,26 @@ def test_a_two_process_run_trains_with_replay_and_resumes_exactly_after_kill_9(t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     environment = json.loads((tmp_path / "whole" / "environment.json").read_text())
     assert environment[0]["world_size"] == 2
+
+
+def test_a_two_process_run_with_ray_rollout_workers_trains_as_with_in_process_shards(tmp_path: Path) -> None:
+    """Rank 0 of the sharded learner drives Ray rollout workers: after every update it gathers the
+    sharded weights and publishes them, so iteration 2's rollouts (and everything after) equal
+    those of the same 2-process run collecting in-process in the same shards."""
+    pytest.importorskip("ray")
+    from safetensors.torch import load_file
+
+    from learner.checkpoint import list_checkpoints
+
+    root = ["--runs-root", str(tmp_path), "--iterations", "3", "--checkpoint-every", "3"]
+    out = finished(torchrun([*TRAIN, *root, "--run-name", "ray", "--rollout-workers", "2"]))
+    assert "the agent:" in out
+    finished(torchrun([*TRAIN, *root, "--run-name", "local", "--rollout-shards", "2"]))
+    collector = ("worker_restarts", "stale_dropped", "staleness_mean", "staleness_max")
+    ray_rows = [{k: v for k, v in r.items() if k not in collector} for r in _rows(tmp_path / "ray")]
+    local_rows = [{k: v for k, v in r.items() if k not in collector} for r in _rows(tmp_path / "local")]
+    assert [r["iteration"] for r in ray_rows if r["kind"] == "train"] == [1, 2, 3]
+    assert ray_rows == local_rows
+    a = load_file(str(list_checkpoints(tmp_path / "ray" / "checkpoints")[-1] / "model" / "model.safetensors"))
+    b = load_file(str(list_checkpoints(tmp_path / "local" / "checkpoints")[-1] / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
