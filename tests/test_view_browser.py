@@ -36,9 +36,11 @@ def chromium_path() -> str:
     return path
 
 
-#: The text run's replay: --replay fresh, 4 items per replay update from a buffer of 12, so
-#: over 5 iterations of 4 episodes items age, are drawn repeatedly and are evicted.
-REPLAY = dict(replay="fresh", replay_batch=4, buffer_capacity=12)
+#: The text run's replay: --replay fresh with --tau auto, 4 items per replay update from a buffer of
+#: 12, so over 5 iterations of 4 episodes items age, are drawn repeatedly and are evicted; a short
+#: pretraining makes replies well-formed, so returns differ within groups and the advantages,
+#: priorities, IS weights, ESS and gradients the page shows are not constants.
+REPLAY = dict(replay="fresh", replay_batch=4, buffer_capacity=12, tau="auto", pretrain_steps=40, pretrain_batch=16)
 
 
 @pytest.fixture(scope="module")
@@ -295,9 +297,28 @@ def test_the_replay_page_shows_the_runs_own_age_histograms_and_ess(page, server,
     assert share == pytest.approx([1 - metrics[r["iteration"]]["tokens"] / (metrics[r["iteration"]]["tokens"] + sum(
         d["stats"]["tokens"] for d in rows if d["type"] == "draw" and d["iteration"] == r["iteration"])) for r in its])
     taus = json.loads(page.get_attribute("[data-testid=line][data-chart=tau]", "data-values"))
-    assert taus == [metrics[r["iteration"]]["tau"] for r in its]
+    assert taus == pytest.approx([metrics[r["iteration"]]["tau"] for r in its], abs=1e-6)  # the log keeps 6 decimals
     grad = json.loads(page.get_attribute("[data-testid=line][data-chart=grad_norm][data-series=on-policy]", "data-values"))
     assert grad == pytest.approx([metrics[r["iteration"]]["grad_norm"] for r in its], abs=1e-6)
+    by_it = [[d for d in rows if d["type"] == "draw" and d["iteration"] == r["iteration"]] for r in its]
+    for chart, key in (("grad_norm", "grad_norm"), ("clip_frac", "clip_frac")):
+        replayed = json.loads(page.get_attribute(f"[data-testid=line][data-chart={chart}][data-series=replay]", "data-values"))
+        assert replayed == pytest.approx([float(np.mean([d["stats"][key] for d in ds])) for ds in by_it], abs=1e-6)
+    # --tau auto: the fitted drift it steers by and the drift measured on the replay updates
+    fitted = json.loads(page.get_attribute("[data-testid=line][data-chart=drift][data-series^=fitted]", "data-values"))
+    assert fitted == [r.get("drift") for r in its] and any(v is not None for v in fitted)
+    measured = json.loads(page.get_attribute("[data-testid=line][data-chart=drift][data-series^=measured]", "data-values"))
+    assert measured == pytest.approx([float(np.mean([d["stats"]["drift_per_step"] for d in ds
+                                                      if d["stats"].get("drift_per_step") is not None]))
+                                      if any(d["stats"].get("drift_per_step") is not None for d in ds) else None
+                                      for ds in by_it], abs=1e-9)
+    assert "tau (--tau auto" in page.content()  # the tau chart's title says it was steered
+    # the run is not degenerate: what the page shows varies
+    draws = [d for ds in by_it for d in ds]
+    assert len({w for d in draws for w in d["weight"]}) > 1 and len({p for d in draws for p in d["prob"]}) > 1
+    assert any(a for d in draws for item in d["adv"] for a in item)  # advantages used, per item and sample
+    assert any(v < 1 for r in its for k, v in metrics[r["iteration"]].items() if k.startswith("ess/age_") and v is not None)
+    assert all(g > 0 for g in grad) and len(set(taus)) > 1
     shot(page, "replay")
 
 
