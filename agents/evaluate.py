@@ -2,14 +2,14 @@
 
     python -m agents.evaluate --env freshper/FrozenLake-v0 [--model PATH] [--episodes 100]
         [--seed 1900000000] [--greedy] [--context window:0] [--kw KEY=VALUE ...] [--save DIR]
-    python -m agents.evaluate --env ID --base-url URL --model NAME [--api-key-env VAR] ...   # agents/openai_eval.py
+    python -m agents.evaluate --env ID --base-url URL --model NAME [--api-key-env VAR] ...   # agents/rollout/openai_eval.py
 
-Seed convention: held-out tasks use seeds from ``agents.seeds.EVAL_SEED_BASE`` (1.9e9) on; ``train.py``
+Seed convention: held-out tasks use seeds from ``agents.rollout.seeds.EVAL_SEED_BASE`` (1.9e9) on; ``train.py``
 draws training and warm-up seeds below it and evaluates from it too, so this CLI's default
 maps are the ones a run's evaluations used and were never trained on. Each evaluation
 episode is its own task seed (group size 1). Success is reported with a 95% Wilson interval,
 the mean return with a normal-approximation 95% interval. Task keyword arguments default to
-``train.py``'s (``agents.runner.default_env_kwargs``): a board task in ``window:0`` context is
+``train.py``'s (``agents.rollout.runner.default_env_kwargs``): a board task in ``window:0`` context is
 observed as the board alone, as in training.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from agents.policy import Policy, configure_threads
+from agents.policies.policy import Policy, configure_threads
 from agents.record import Trajectory, episode_stats, save_records
-from agents.runner import Runner
-from agents.seeds import EVAL_SEED_BASE
+from agents.rollout.runner import Runner
+from agents.rollout.seeds import EVAL_SEED_BASE
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +147,11 @@ def save_gifs(records: list[Trajectory], folder: Path, limit: int = 4, fps: int 
 
 
 def endpoint_main(argv: list[str]) -> int:
-    """``--base-url``: the model behind an OpenAI-compatible endpoint plays (agents/openai_eval.py)."""
+    """``--base-url``: the model behind an OpenAI-compatible endpoint plays (agents/rollout/openai_eval.py)."""
     import json
 
-    from agents.openai_eval import EndpointError, EndpointRunner, add_arguments, endpoint_from_args, endpoint_summary
-    from agents.runner import default_env_kwargs
+    from agents.rollout.openai_eval import EndpointError, EndpointRunner, add_arguments, endpoint_from_args, endpoint_summary
+    from agents.rollout.runner import default_env_kwargs
     from envs.play import parse_kwargs
     from envs.registry import task_spec
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
     parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
     parser.add_argument("--episodes", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed (held-out seeds start at agents.seeds.EVAL_SEED_BASE = 1900000000)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed (held-out seeds start at agents.rollout.seeds.EVAL_SEED_BASE = 1900000000)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
     parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = task_spec(args.env)
     model = args.model
     if model is None:
-        from agents.tiny import build_tiny_model
+        from agents.policies.tiny import build_tiny_model
 
         model = str(build_tiny_model(spec.modality))
     try:
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from agents.runner import default_env_kwargs
+    from agents.rollout.runner import default_env_kwargs
     from envs.play import parse_kwargs
 
     env_kwargs = parse_kwargs(args.kw) if args.kw is not None else default_env_kwargs(args.env, args.context)

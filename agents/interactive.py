@@ -5,7 +5,7 @@ The player is stateless between turns (prompt = instructions + current observati
 ``window:0`` mode the tiny default trains with), so a human can take over for some turns and
 hand back control without the model's context going out of sync. For a task whose board is
 its whole state (``markov_state``) the prompt holds the board alone, as ``train.py`` trains it
-(``agents.runner.default_env_kwargs``), while the human still reads the move feedback.
+(``agents.rollout.runner.default_env_kwargs``), while the human still reads the move feedback.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agents.policy import Policy
+from agents.policies.policy import Policy
 from agents.record import Generation
-from agents.runner import default_env_kwargs
+from agents.rollout.runner import default_env_kwargs
 
 
 @dataclass
@@ -47,7 +47,7 @@ class ModelPlayer:
 
         if policy is None:
             if not model_path:
-                from agents.tiny import build_tiny_model
+                from agents.policies.tiny import build_tiny_model
 
                 model_path = str(build_tiny_model(task_spec(env_id).modality))
             policy = Policy.from_pretrained(model_path, device=device, dtype=dtype)

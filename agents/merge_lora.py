@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from agents.lora import has_lora, plain_state_dict
-from agents.policy import Policy
+from agents.policies.lora import has_lora, plain_state_dict
+from agents.policies.policy import Policy
 
 
 def merge_to_folder(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: str = "fp32") -> Path:

@@ -46,8 +46,8 @@ def time_pretraining(model: Path, device: str, steps: int, seed: int, env_id: st
     """Seconds per pretraining step on ``device`` (a fresh copy of ``model``), and the result."""
     import torch
 
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
     from learner.pretrain import PretrainConfig, pretrain
 
     policy = Policy.from_pretrained(model, device=device)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import envs
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     devices = args.devices or default_devices()
     base = build_tiny_model(envs.task_spec(args.env_id).modality, seed=args.seed)

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
-from agents.policy import Policy
-from agents.tiny import build_tiny_model
+from agents.policies.policy import Policy
+from agents.policies.tiny import build_tiny_model
 from learner.pretrain import PretrainConfig, pretrain
 policy = Policy.from_pretrained(build_tiny_model("text"))
 torch.manual_seed(0)

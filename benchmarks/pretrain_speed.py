@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     import envs
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import build_tiny_model
     from learner.pretrain import PretrainConfig
 
     kwargs = default_env_kwargs(args.env_id, "window:0")

@@ -1,7 +1,7 @@
 """How the learner's weights should reach Ray rollout workers on one machine: Ray's object store
 (what ``RayCollector.publish`` does: one ``ray.put`` of the state as numpy arrays, each worker
 copies them into its model) vs a collective (a gloo group of the driver and the workers,
-``agents.vllm_engine.new_group``, one broadcast per tensor into the workers' own tensors, as
+``agents.engines.vllm_engine.new_group``, one broadcast per tensor into the workers' own tensors, as
 the vLLM engine's in-memory sync does).
 
     .venv/bin/python -m benchmarks.ray_weight_bench                      # embedded, 0.5B fp32, 0.5B bf16
@@ -37,8 +37,8 @@ MODELS = {"tiny": ("tiny", torch.float32), "0.5b-fp32": ("qwen2.5-0.5b", torch.f
 def shapes_of(model: str) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every tensor of ``model``'s state dict, without allocating it."""
     if model == "tiny":
-        from agents.policy import Policy
-        from agents.tiny import build_tiny_model
+        from agents.policies.policy import Policy
+        from agents.policies.tiny import build_tiny_model
 
         return [(k, tuple(v.shape)) for k, v in Policy.from_pretrained(build_tiny_model("text")).model.state_dict().items()]
     from benchmarks.real_scale import build_model
@@ -63,13 +63,13 @@ class Receiver:
         self.group = None
 
     def join(self, host: str, port: int, world: int, rank: int) -> bool:
-        from agents.vllm_engine import new_group
+        from agents.engines.vllm_engine import new_group
 
         self.store, self.group = new_group(host, port, world, rank, "gloo", 600.0, None)
         return True
 
     def receive(self) -> float:
-        from agents.vllm_engine import broadcast
+        from agents.engines.vllm_engine import broadcast
 
         for t in self.tensors:
             broadcast(self.group, t)
@@ -85,7 +85,7 @@ class Receiver:
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """What ``agents.distributed.state_to_numpy`` puts in the object store (bf16 as its int16 bits)."""
+    """What ``agents.rollout.distributed.state_to_numpy`` puts in the object store (bf16 as its int16 bits)."""
     return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
 
@@ -98,8 +98,8 @@ def free_port() -> int:
 def bench(model: str, args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from agents.distributed import worker_runtime_env
-    from agents.vllm_engine import broadcast, new_group
+    from agents.rollout.distributed import worker_runtime_env
+    from agents.engines.vllm_engine import broadcast, new_group
 
     name, dtype = MODELS[model]
     shapes = shapes_of(name)

@@ -94,7 +94,7 @@ def model_folder(name: str, cache: Path) -> Path:
     import torch
     from transformers import AutoTokenizer
 
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     kind = CONFIGS[name]["kind"]
     tiny = build_tiny_model("text" if kind == "text" else "vision")
@@ -200,7 +200,7 @@ def parameter_counts(name: str, lora_rank: int = 16) -> tuple[int, int]:
     language model): counted on a model built on the ``meta`` device."""
     import torch
 
-    from agents.lora import LoraSettings
+    from agents.policies.lora import LoraSettings
 
     with torch.device("meta"):
         model = build_model(name)
@@ -303,9 +303,9 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     import numpy as np
     import torch
 
-    from agents.lora import LoraSettings, add_lora
-    from agents.policy import Policy
-    from agents.precision import resolve_dtype
+    from agents.policies.lora import LoraSettings, add_lora
+    from agents.policies.policy import Policy
+    from agents.policies.precision import resolve_dtype
     from learner.loss import LossConfig
     from learner.prefix import full_forward_applies
     from learner.update import AdapterReference, policy_update
@@ -353,9 +353,9 @@ def run_sharded(folder: Path, feat: dict[str, Any], args: argparse.Namespace) ->
     import numpy as np
     import torch
 
-    from agents.lora import LoraSettings, add_lora
-    from agents.policy import Policy
-    from agents.precision import resolve_dtype
+    from agents.policies.lora import LoraSettings, add_lora
+    from agents.policies.policy import Policy
+    from agents.policies.precision import resolve_dtype
     from learner import distributed
     from learner.loss import LossConfig
     from learner.update import AdapterReference, policy_update
@@ -407,7 +407,7 @@ def run_trl(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -> dic
     from transformers import AutoProcessor, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
 
     vision = CONFIGS[folder.name]["kind"] == "vision"
     bf16 = feat["dtype"] == "bf16"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from agents.policy import Policy, configure_threads
-from agents.runner import Runner
-from agents.tiny import build_tiny_model
+from agents.policies.policy import Policy, configure_threads
+from agents.rollout.runner import Runner
+from agents.policies.tiny import build_tiny_model
 
 CASES = [
     ("text", "freshper/FrozenLake-v0", "window:0"),

@@ -42,9 +42,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py sets it, befo
 
 import torch
 
-from agents.policy import Policy, configure_threads
-from agents.runner import RolloutConfig
-from agents.tiny import build_tiny_model
+from agents.policies.policy import Policy, configure_threads
+from agents.rollout.runner import RolloutConfig
+from agents.policies.tiny import build_tiny_model
 
 SEARCH = "freshper/SearchQA-v0"
 LAKE = "freshper/FrozenLake-v0"
@@ -106,7 +106,7 @@ def table(rows: list[dict[str, str]]) -> None:
 def bench_collect(model: Path, rollout: RolloutConfig, tasks: int, repeats: int) -> list[dict[str, str]]:
     """Episodes/s of one B x G collect per setting; the settings take turns in every repeat, so a
     change of the machine's load falls on all of them alike."""
-    from agents.distributed import RayCollector
+    from agents.rollout.distributed import RayCollector
 
     policy = Policy.from_pretrained(model)
     settings = [("in process", rollout.runner(policy, seed=0)),
@@ -171,7 +171,7 @@ def bench_train(model: Path, rollout: RolloutConfig, tasks: int, iterations: int
 def bench_vllm(python: str, repeats: int) -> list[dict[str, str]]:
     """Tokens/s and episodes/s of the project's sampler and of vLLM, taking turns in each repeat."""
     import envs
-    from agents.vllm_client import VLLMSampler
+    from agents.engines.vllm_client import VLLMSampler
 
     path = build_tiny_model("text")
     policy = Policy.from_pretrained(path)
@@ -232,7 +232,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     threads = configure_threads(None)
     print(f"start: {load()}; torch {torch.__version__}, {threads} torch thread(s) per process")
-    from agents.distributed import ray_init
+    from agents.rollout.distributed import ray_init
 
     ray_init(num_cpus=4)  # logical CPUs: three collectors' workers alive at once
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,7 +255,7 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(timeout=30)
     if not args.skip_vllm:
-        from agents.vllm_client import default_vllm_python
+        from agents.engines.vllm_client import default_vllm_python
 
         print(f"## Sampler: vLLM vs the project's, tiny text model ({load()})\n")
         table(bench_vllm(args.vllm_python or default_vllm_python(), args.repeats))

@@ -1,4 +1,4 @@
-"""The shared tiny tokenizer against a task's own (``agents.tiny.task_model``), side by side.
+"""The shared tiny tokenizer against a task's own (``agents.policies.tiny.task_model``), side by side.
 
     python -m benchmarks.task_tokenizer_bench --env-id freshper/SearchQA-v0 --questions 200 --steps 10 --rounds 3 --threads 1
 
@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     import envs
-    from agents.seeds import EVAL_SEED_BASE
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model, task_model
+    from agents.rollout.seeds import EVAL_SEED_BASE
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import build_tiny_model, task_model
     from benchmarks.pretrain_speed import interleaved_step_seconds
     from learner.pretrain import PretrainConfig, TransitionStreams
 

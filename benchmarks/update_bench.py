@@ -38,8 +38,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prefix-module", default=None, help="a .py file whose sampled_logprobs replaces learner.prefix's")
     a = ap.parse_args(argv)
 
-    from agents.policy import Policy
-    from agents.runner import Runner
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import Runner
     from learner.loss import LossConfig
     from learner.prefix import group_prompts, prompt_lengths
 
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
         import learner.prefix
 
         learner.prefix.sampled_logprobs = mod.sampled_logprobs  # learner.batch looks it up at call time
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     torch.manual_seed(0)
     model_path = a.model or build_tiny_model("text")

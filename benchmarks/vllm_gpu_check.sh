@@ -29,9 +29,9 @@ echo "== 1. the engine tests on the GPU"
 echo "== 2. GPU defaults (bf16, CUDA graphs) and the weight sync"
 "$PY" - <<'EOF' 2>&1 | tee "$OUT/defaults.log"
 import torch
-from agents.policy import Policy
-from agents.tiny import build_tiny_model
-from agents.vllm_client import VLLMSampler
+from agents.policies.policy import Policy
+from agents.policies.tiny import build_tiny_model
+from agents.engines.vllm_client import VLLMSampler
 path = build_tiny_model("text")
 policy = Policy.from_pretrained(path, device="cuda")
 s = VLLMSampler(path, eos_token_id=policy.eos_token_id, gpu_memory_utilization=0.3)
@@ -52,7 +52,7 @@ import json, sys, time
 from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor, Qwen2VLImageProcessor
-from agents.tiny import CHAT_TEMPLATE, build_tiny_model
+from agents.policies.tiny import CHAT_TEMPLATE, build_tiny_model
 out = Path(sys.argv[1]); folder = out / "qwen25vl-3b-random"
 if not (folder / "config.json").exists():
     tok = AutoTokenizer.from_pretrained(build_tiny_model("vision"))

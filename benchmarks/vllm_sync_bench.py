@@ -68,7 +68,7 @@ def load() -> str:
 
 
 def tokenizer_folder() -> Path:
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     return build_tiny_model("text")
 
@@ -92,7 +92,7 @@ def build_vision_model(folder: Path) -> Path:
     """Qwen2-VL with the 0.5B decoder and the embedded model's vision tower (multimodal rope)."""
     from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from agents.tiny import _vision_processor, build_tiny_model
+    from agents.policies.tiny import _vision_processor, build_tiny_model
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model("vision"))
     ids = tok.convert_tokens_to_ids
@@ -156,8 +156,8 @@ class HostMemory:
 
 
 def sync_bench(size: str, root: Path, dtype: str, updates: int, python: str) -> dict:
-    from agents.policy import Policy
-    from agents.vllm_client import VLLMSampler
+    from agents.policies.policy import Policy
+    from agents.engines.vllm_client import VLLMSampler
 
     torch_dtype = getattr(torch, dtype)
     folder = build_text_model(size, root / f"qwen2.5-{size}", torch_dtype)
@@ -197,9 +197,9 @@ def sync_bench(size: str, root: Path, dtype: str, updates: int, python: str) -> 
 
 
 def lora_bench(root: Path, dtype: str, rank: int, updates: int, python: str) -> dict:
-    from agents.lora import LoraSettings, add_lora
-    from agents.policy import Policy
-    from agents.vllm_client import VLLMSampler
+    from agents.policies.lora import LoraSettings, add_lora
+    from agents.policies.policy import Policy
+    from agents.engines.vllm_client import VLLMSampler
 
     torch_dtype = getattr(torch, dtype)
     folder = build_text_model("0.5b", root / "lora-0.5b", torch_dtype)
@@ -234,9 +234,9 @@ def lora_bench(root: Path, dtype: str, rank: int, updates: int, python: str) -> 
 
 
 def rollout_bench(kind: str, root: Path, args: argparse.Namespace) -> dict:
-    from agents.distributed import EngineOptions, vllm_sampler
-    from agents.policy import Policy
-    from agents.runner import RolloutConfig
+    from agents.rollout.distributed import EngineOptions, vllm_sampler
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import RolloutConfig
 
     if kind == "text":
         folder, env_id = build_text_model("0.5b", root / "rollout-text", torch.float32), LAKE
@@ -284,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2, help="collects per sampler (taking turns; median)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: agents.policy's rule)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: agents.policies.policy's rule)")
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
-    from agents.policy import configure_threads
-    from agents.vllm_client import default_vllm_python
+    from agents.policies.policy import configure_threads
+    from agents.engines.vllm_client import default_vllm_python
 
     args.vllm_python = args.vllm_python or default_vllm_python()
     threads = configure_threads(args.threads)

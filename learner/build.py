@@ -21,9 +21,9 @@ def load_policy(cfg: Config, model_path: Path, *, sampler: bool = False, device:
     fp32 weights computing in ``--dtype`` under autocast, or with ``--lora-rank`` a frozen base
     in ``--dtype`` with fp32 adapters; gradient checkpointing as asked. ``sampler``: the copy a
     sharded learner's rank 0 plays with (weights in ``--dtype``, no checkpointing)."""
-    from agents.lora import add_lora, has_lora
-    from agents.policy import Policy
-    from agents.precision import resolve_dtype
+    from agents.policies.lora import add_lora, has_lora
+    from agents.policies.policy import Policy
+    from agents.policies.precision import resolve_dtype
 
     device = device or cfg.model.device
     compute = resolve_dtype(cfg.model.dtype, device)
@@ -42,7 +42,7 @@ def load_policy(cfg: Config, model_path: Path, *, sampler: bool = False, device:
 def load_sharded_learner(cfg: Config, model_path: Path):
     """This rank's shard of the trained policy (FSDP2, :mod:`learner.distributed`): loaded on the
     CPU in fp32, adapters and checkpointing added, then sharded onto the rank's device."""
-    from agents.precision import resolve_dtype
+    from agents.policies.precision import resolve_dtype
 
     policy = load_policy(cfg, model_path, device="cpu")
     if policy.is_vision and policy.model.config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
@@ -67,9 +67,9 @@ def reference_policy(policy, run_dir: Path):
     """The KL reference of the trained ``policy``: the base with the adapters off for a LoRA
     policy (no copy), else the policy RL started from (``run_dir/reference``), frozen, in the
     compute dtype (one unsharded copy per rank in a sharded learner)."""
-    from agents.lora import has_lora
-    from agents.policy import Policy
-    from agents.precision import resolve_dtype
+    from agents.policies.lora import has_lora
+    from agents.policies.policy import Policy
+    from agents.policies.precision import resolve_dtype
     from learner.update import AdapterReference
 
     if has_lora(policy.model):
@@ -117,7 +117,7 @@ def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, ski
 def serve_rank(cfg: Config) -> int:
     """A non-zero rank of a sharded learner: build this rank's shard of the start rank 0 chose
     (or of the checkpoint it resumes), then carry out rank 0's commands until it stops."""
-    from agents.policy import configure_threads
+    from agents.policies.policy import configure_threads
 
     command, payload = distributed.broadcast()
     if command != "start":

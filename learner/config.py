@@ -3,15 +3,15 @@ that uses it, each checking its own values when it is built.
 
 - ``run`` (:class:`RunSettings`): the run folder, seeds, schedule, checkpoints, logs;
 - ``model`` (:class:`ModelSettings`): the start model, device, precision, threads;
-- ``lora`` (:class:`agents.lora.LoraSettings`): the LoRA adapters (rank 0: none);
-- ``rollout`` (:class:`agents.runner.RolloutConfig`): the task and how episodes are played;
+- ``lora`` (:class:`agents.policies.lora.LoraSettings`): the LoRA adapters (rank 0: none);
+- ``rollout`` (:class:`agents.rollout.runner.RolloutConfig`): the task and how episodes are played;
 - ``pretrain`` (:class:`learner.pretrain.PretrainConfig`): the start model's pretraining;
 - ``rl`` (:class:`RLSettings`): the RL iteration: tasks, advantages, optimizer;
 - ``loss`` (:class:`learner.loss.LossConfig`): the GRPO loss;
 - ``replay`` (:class:`learner.state.ReplaySettings`): the replay buffer and the replay updates;
 - ``eval`` (:class:`EvalSettings`): held-out evaluations and the delivered policy;
 - ``scale`` (:class:`ScaleSettings`): rollout workers and asynchronous collection;
-- ``engine`` (:class:`agents.distributed.EngineOptions`): the sampling engine (hf or vLLM).
+- ``engine`` (:class:`agents.rollout.distributed.EngineOptions`): the sampling engine (hf or vLLM).
 
 Each setting has one flat name, the command-line flag (``--tau``) and the key of ``--config``
 files and of a run's saved ``config.yaml`` (``tau: 5``): the section's prefix (``pretrain_``,
@@ -38,10 +38,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from agents.distributed import EngineOptions
-from agents.lora import LoraSettings
-from agents.runner import RolloutConfig
-from agents.seeds import MAX_RUN_SEED
+from agents.rollout.distributed import EngineOptions
+from agents.policies.lora import LoraSettings
+from agents.rollout.runner import RolloutConfig
+from agents.rollout.seeds import MAX_RUN_SEED
 from learner.cli import add_flag, check_type, field_docs, load_config_file
 from learner.loss import LossConfig
 from learner.pretrain import PretrainConfig
@@ -123,12 +123,12 @@ class ModelSettings:
     gradient_checkpointing: bool = False
     """recompute each layer's activations in the backward pass: activation memory of one layer instead of all, for ~1/3 more compute; the learner then scores each sequence in one forward without the shared-prefix KV cache (docs/scaling.md)"""
     threads: int | None = None
-    """torch intra-op threads for rollouts and evaluations (default: agents.policy's, 1 on <= 2 CPUs)"""
+    """torch intra-op threads for rollouts and evaluations (default: agents.policies.policy's, 1 on <= 2 CPUs)"""
     update_threads: int | None = None
     """torch intra-op threads for pretraining and the updates (default: available CPUs, at most 8)"""
 
     def __post_init__(self) -> None:
-        from agents.precision import CHOICES, DTYPES
+        from agents.policies.precision import CHOICES, DTYPES
 
         checks = [
             (str(self.dtype).lower() in CHOICES or str(self.dtype).lower() in DTYPES,
@@ -535,8 +535,8 @@ def parse_config(argv: Sequence[str] | None = None, description: str | None = No
 
 def check_machine(cfg: Config) -> None:
     """Raise ValueError where this machine cannot run ``cfg``: its device, or its precision there."""
-    from agents.policy import resolve_device
-    from agents.precision import resolve_dtype
+    from agents.policies.policy import resolve_device
+    from agents.policies.precision import resolve_dtype
 
     resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
 

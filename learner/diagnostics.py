@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from agents.record import Sample
-from agents.seeds import DIAGNOSTIC_SEED_BASE
+from agents.rollout.seeds import DIAGNOSTIC_SEED_BASE
 from envs.capabilities import counterfactual_probes, reasoning_text, think_reply
 from learner.batch import batch_logprobs, supervised_batches
 

@@ -60,7 +60,7 @@ def init(device: str) -> torch.device:
     device (``cuda:LOCAL_RANK`` for ``--device cuda``/``auto`` with GPUs)."""
     import torch.distributed as dist
 
-    from agents.policy import resolve_device
+    from agents.policies.policy import resolve_device
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     chosen = resolve_device(device)
@@ -282,7 +282,7 @@ def run_update(learner, message: dict[str, Any]) -> dict[str, Any]:
 
 def gather_into(policy, sampler) -> None:
     """The collective weight gather; on rank 0 the weights land in ``sampler``'s model."""
-    from agents.lora import has_lora
+    from agents.policies.lora import has_lora
 
     lora = has_lora(policy.model)
     state = full_state(policy, trainable_only=lora)

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
+from agents.rollout.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
 from learner.checkpoint import checkpoint_name, clean_stale_temporaries, list_checkpoints, save_checkpoint
 from learner.report import task_turn_diagnostics
 

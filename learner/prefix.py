@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from agents.sampling import common_prefix_length
+from agents.policies.sampling import common_prefix_length
 
 #: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
@@ -231,7 +231,7 @@ def _place(lp: torch.Tensor, plen: Sequence[int], slen: Sequence[int], t_max: in
 
 def _vision_prefix_applies(policy, samples: Sequence) -> bool:
     """Qwen2-VL-family model, and no vision token after any sample's first sampled token."""
-    from agents import sampling_vl
+    from agents.policies import sampling_vl
 
     if not sampling_vl.supports(policy.model):
         return False
@@ -243,7 +243,7 @@ def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: f
     """The three stages for a Qwen2-VL-family model (see the module docstring)."""
     from transformers import DynamicCache
 
-    from agents.sampling_vl import _image_key, _rope_positions
+    from agents.policies.sampling_vl import _image_key, _rope_positions
 
     model, device, cache_arg = policy.model, policy.device, policy.cache_arg
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]

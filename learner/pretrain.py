@@ -60,8 +60,8 @@ import numpy as np
 import torch
 
 from agents.record import Sample
-from agents.seeds import pretrain_seed
-from agents.tiny import DEFAULT_WIDTH
+from agents.rollout.seeds import pretrain_seed
+from agents.policies.tiny import DEFAULT_WIDTH
 from envs.capabilities import (REASONING_NEEDS, REASONINGS, SubgoalMoves, outcome_text, reasoning_text, require,
                                supports_reasoning, think_reply)
 from learner.update import nll_per_sample, supervised_step
@@ -541,7 +541,7 @@ def random_play_digest(env_id: str, env_kwargs: dict[str, Any] | None, turns: in
 def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
                        cache_dir: str | os.PathLike | None = None, micro_batch: int = 256,
                        progress: bool = False, device: str = "cpu", width: int = DEFAULT_WIDTH) -> tuple[Path, dict[str, Any]]:
-    """The embedded tiny model of the task (:func:`agents.tiny.task_model`: its modality's, with
+    """The embedded tiny model of the task (:func:`agents.policies.tiny.task_model`: its modality's, with
     a tokenizer that also learned the task's own text where it has some), pretrained on
     ``env_id``'s transitions.
 
@@ -549,12 +549,12 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
     returns the model folder and its pretraining report (``cached`` says whether it was reused).
     A time cap (``cfg.seconds``) makes the result depend on the machine, so capped runs are
     not cached. ``device``: where the pretraining runs (the cached folder does not depend on it).
-    ``width``: the tiny model's hidden size (:data:`agents.tiny.DEFAULT_WIDTH`); a wider model
+    ``width``: the tiny model's hidden size (:data:`agents.policies.tiny.DEFAULT_WIDTH`); a wider model
     is another base folder, so another cache key.
     With ``cfg.follow_steps`` the first stage is built (or found) as a model of its own and the
     second stage starts from it, so recipes that differ in the second stage share the first.
     """
-    from agents.tiny import cache_lock, default_cache_dir, task_model
+    from agents.policies.tiny import cache_lock, default_cache_dir, task_model
 
     cfg = cfg.recipe()
     first: dict[str, Any] | None = None
@@ -580,8 +580,8 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
 def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwargs: dict[str, Any] | None,
            cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool,
            device: str = "cpu", first: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
-    from agents.policy import Policy
-    from agents.tiny import staged_folder
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import staged_folder
 
     policy = Policy.from_pretrained(base, device=device)
     torch.manual_seed(seed)
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     import envs  # noqa: F401
-    from agents.runner import default_env_kwargs
+    from agents.rollout.runner import default_env_kwargs
 
     parser = argparse.ArgumentParser(prog="python -m learner.pretrain",
                                      description="Pretrain (and cache) the embedded model on a task's transitions.")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.seeds import EVAL_SEED_BASE, counter_seed, train_seed
+from agents.rollout.seeds import EVAL_SEED_BASE, counter_seed, train_seed
 from learner import distributed
 from learner.build import (check_reasoning, load_policy, load_sharded_learner, reference_policy, think_span,
                            trainer_state, update_function)
@@ -79,8 +79,8 @@ class Run:
     dir: Path
     policy: Any
     state: TrainerState
-    collector: Any  # agents.runner.Runner, B x G rollouts
-    evaluator: Any  # agents.runner.Runner, group size 1, held-out seeds
+    collector: Any  # agents.rollout.runner.Runner, B x G rollouts
+    evaluator: Any  # agents.rollout.runner.Runner, group size 1, held-out seeds
     metrics: MetricsLogger
     update_threads: int
     resumed_from: Path | None
@@ -110,9 +110,9 @@ def setup(cfg: Config) -> Run:
     to the start (the task's default keyword arguments, the run name), so the ``config.yaml``
     it writes says what the run does."""
     import envs
-    from agents.distributed import build_collector
-    from agents.policy import configure_threads
-    from agents.precision import vllm_dtype
+    from agents.rollout.distributed import build_collector
+    from agents.policies.policy import configure_threads
+    from agents.policies.precision import vllm_dtype
     from learner.checkpoint import RunLock, loading, verify_resume
 
     validate(cfg)
@@ -221,7 +221,7 @@ def start_model(cfg: Config, resume: Path | None, modality: str, update_threads:
                                       seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro_batch,
                                       progress=cfg.run.progress, device=cfg.model.device, width=cfg.model.tiny_width)
     if cfg.model.model is None:
-        from agents.tiny import build_tiny_model
+        from agents.policies.tiny import build_tiny_model
 
         return build_tiny_model(modality, seed=cfg.run.model_seed(), width=cfg.model.tiny_width), {}
     return Path(cfg.model.model), {}
@@ -455,7 +455,7 @@ def finish(run: Run) -> dict[str, Any]:
     evaluate_phase(run, "final", cfg.eval.final_episodes, cfg.eval.both)
     selected = None
     if best and 0 <= c.best_iteration < c.iteration:
-        from agents.weights import load_weights_into
+        from agents.policies.weights import load_weights_into
 
         selected = best_folder(run.dir, c.best_iteration)
         run.state.release_optimizer()  # after the last checkpoint nothing trains on: free Adam's state first

@@ -24,7 +24,7 @@ class AdapterReference:
         self.policy = policy
 
     def reference_logprobs(self, batch, temperature: float) -> torch.Tensor:
-        from agents.lora import adapters_disabled
+        from agents.policies.lora import adapters_disabled
 
         with adapters_disabled(self.policy.model):
             return batch_logprobs(self.policy, batch, temperature)
@@ -32,7 +32,7 @@ class AdapterReference:
 
 def reference_logprobs(ref, batch, temperature: float) -> torch.Tensor:
     """``[B, T]`` log-probs of the batch's sampled tokens under the KL reference (no gradient):
-    a frozen :class:`~agents.policy.Policy`, or an object with ``reference_logprobs``
+    a frozen :class:`~agents.policies.policy.Policy`, or an object with ``reference_logprobs``
     (:class:`AdapterReference`)."""
     with torch.no_grad():
         if hasattr(ref, "reference_logprobs"):

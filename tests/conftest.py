@@ -41,7 +41,7 @@ def build_tiny_qwen25vl(folder: Path, **generation_config) -> Path:
     from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
                               Qwen2VLImageProcessor)
 
-    from agents.tiny import CHAT_TEMPLATE, _train_tokenizer
+    from agents.policies.tiny import CHAT_TEMPLATE, _train_tokenizer
 
     corpus = "<answer>Up</answer> <answer>Down</answer> FrozenLake move the player to the goal\n" * 20
     tok = _train_tokenizer(corpus, 300)
@@ -81,7 +81,7 @@ def with_logit_bias(policy, biases: dict[int, float], name: str = "biased"):
 
     import torch
 
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
 
     model = copy.deepcopy(policy.model)
     old = model.lm_head

@@ -142,9 +142,9 @@ def test_sessions_are_independent_and_the_turn_cap_truncates(server) -> None:
 def test_the_runner_plays_an_openenv_task(server) -> None:
     import torch
 
-    from agents.policy import Policy
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     policy = Policy.from_pretrained(build_tiny_model("text"))

@@ -330,9 +330,9 @@ def test_a_missing_or_too_new_verifiers_says_what_to_install(monkeypatch) -> Non
 def test_the_runner_plays_the_adapted_task_and_records_what_verifiers_scores() -> None:
     import torch
 
-    from agents.policy import Policy
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     policy = Policy.from_pretrained(build_tiny_model("text"))

@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from agents.policy import Policy  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
 from agents.record import Sample, load_records, save_records  # noqa: E402
-from agents.runner import Runner  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.rollout.runner import Runner  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 
 TEXT = "freshper/FrozenLake-v0"
 VISION = "freshper/FrozenLakeVision-v0"

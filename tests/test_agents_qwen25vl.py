@@ -7,7 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from agents.policy import Policy  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
 from conftest import build_tiny_qwen25vl  # noqa: E402
 

@@ -8,9 +8,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from agents.policy import Policy  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 from conftest import with_logit_bias  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def test_same_seed_same_samples(text_policy):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_turn_cache_reuses_earlier_turns_without_changing_samples(eos_prone_policy, greedy):
     """A full-context turn that extends the last prompt + reply reuses its KV; same samples."""
-    from agents.sampling import TurnKVCache
+    from agents.policies.sampling import TurnKVCache
 
     policy = eos_prone_policy
     prompts = _prompts(policy) * 2

@@ -9,10 +9,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from agents import sampling_vl  # noqa: E402
-from agents.policy import Policy  # noqa: E402
+from agents.policies import sampling_vl  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 from conftest import build_tiny_qwen25vl, with_logit_bias  # noqa: E402
 
 VISION = "freshper/FrozenLakeVision-v0"
@@ -146,7 +146,7 @@ def test_the_tiny_vlm_reads_images_at_flat_positions_and_keeps_them_in_checkpoin
     and differs from one at Qwen2-VL's multimodal positions; a saved checkpoint reloads with it;
     a model without the setting (a real checkpoint) keeps its own positions; an unknown layout
     is refused."""
-    from agents.policy import apply_position_layout, flat_rope_index
+    from agents.policies.policy import apply_position_layout, flat_rope_index
 
     policy = vision_policy
     assert policy.model.config.freshper_positions == "flat"

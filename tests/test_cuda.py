@@ -53,9 +53,9 @@ def test_text_run_trains_on_the_gpu_and_resumes_on_the_cpu(tmp_path: Path) -> No
 
 
 def test_gpu_logprobs_match_the_cpu_ones_for_the_same_weights_and_tokens() -> None:
-    from agents.policy import Policy
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
     from learner.batch import batch_logprobs, make_batches
 
     path = build_tiny_model("text")

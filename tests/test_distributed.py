@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from agents.distributed import (ShardedCollector, build_collector, load_numpy_state, plan_shards, read_folder,
+from agents.rollout.distributed import (ShardedCollector, build_collector, load_numpy_state, plan_shards, read_folder,
                                 state_to_numpy, write_folder)
-from agents.policy import Policy
-from agents.runner import RolloutConfig, Runner
-from agents.seeds import shard_rng_seed
-from agents.tiny import build_tiny_model
+from agents.policies.policy import Policy
+from agents.rollout.runner import RolloutConfig, Runner
+from agents.rollout.seeds import shard_rng_seed
+from agents.policies.tiny import build_tiny_model
 
 LAKE = RolloutConfig("freshper/FrozenLake-v0", {"feedback": False}, "window:0", group_size=2, max_new_tokens=4,
                      max_context_tokens=1024)

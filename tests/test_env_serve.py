@@ -114,9 +114,9 @@ def test_task_kwargs_go_to_the_served_task_and_bad_ones_are_clear(lake) -> None:
 def test_the_runner_gets_the_same_records_from_a_served_task() -> None:
     import torch
 
-    from agents.policy import Policy
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     policy = Policy.from_pretrained(build_tiny_model("vision"))

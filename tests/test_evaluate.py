@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from agents.evaluate import main, wilson_interval  # noqa: E402
-from agents.seeds import EVAL_SEED_BASE  # noqa: E402
+from agents.rollout.seeds import EVAL_SEED_BASE  # noqa: E402
 from agents.record import load_records  # noqa: E402
 
 

@@ -91,6 +91,58 @@ def test_agents_modules_import_each_other_without_a_circle() -> None:
             visit(module, [])
 
 
+#: agents/ by role, lowest first: a module imports (from agents) only its own part and those before it.
+AGENT_PARTS = [("agents.safeio", "agents.record"), ("agents.policies",), ("agents.engines",), ("agents.rollout",)]
+#: The commands and the UI, above every part.
+AGENT_TOP = ("agents.evaluate", "agents.play", "agents.interactive", "agents.merge_lora", "agents.view")
+
+
+def _part(name: str) -> int | None:
+    for level, prefixes in enumerate(AGENT_PARTS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return level
+    return None
+
+
+def test_agents_parts_import_only_those_below_them() -> None:
+    """record < policies < engines < rollout < the commands and the viewer: a sampler never reaches
+    the runner, an engine never the runner, nothing but the commands reaches the UI."""
+    offenders = []
+    for module, imports in _modules("agents").items():
+        level = _part(module)
+        if level is None:
+            assert module == "agents" or module.startswith(AGENT_TOP), f"{module} belongs to no part of agents/"
+            continue
+        for imp in imports:
+            if not imp.startswith("agents"):
+                continue
+            to = _part(imp)
+            if imp.startswith(AGENT_TOP) or (to is not None and to > level):
+                offenders.append(f"{module} imports {imp}")
+    assert not offenders, offenders
+
+
+def test_every_agents_module_imports_from_outside_the_checkout(tmp_path: Path) -> None:
+    """openai-agents (which verifiers installs) is also a top-level ``agents``: outside the checkout
+    its package is found first, and ours is reached by the editable install for the names it
+    lacks. A part of ours named as one of theirs (``agents.models``) would be theirs: every
+    module of ours must import, from another folder, as itself."""
+    names = [m for m in _modules("agents") if m != "agents" and not m.endswith("__main__")]
+    code = ("import importlib, sys\n"
+            "bad = []\n"
+            "for n in sys.argv[1:]:\n"
+            "    try:\n"
+            "        m = importlib.import_module(n)\n"
+            f"        bad += [] if (m.__file__ or '').startswith({str(REPO)!r}) else [n + ' is ' + str(m.__file__)]\n"
+            "    except ImportError as exc:\n"
+            "        bad.append(n + ': ' + str(exc))\n"
+            "print(bad)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code, *names], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.stdout.strip() == "[]", out.stdout[-3000:] + out.stderr[-3000:]
+
+
 def test_no_docstring_or_doc_cites_a_design_file_outside_the_repository() -> None:
     offenders = []
     for path in [*REPO.rglob("*.py"), *REPO.rglob("*.md")]:

@@ -26,17 +26,17 @@ def _script(name: str):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     return build_tiny_model("text", cache_dir=tmp_path_factory.mktemp("tiny-cache"))
 
 
 def test_the_trainers_prompts_are_the_tokenizers_own_chat_template(tiny: Path) -> None:
-    """The bisect's first cut: the runner's prompt ids (agents.chat, no re-tokenization) equal
+    """The bisect's first cut: the runner's prompt ids (agents.policies.chat, no re-tokenization) equal
     the chat template rendered by the tokenizer, on the first turn and after a move."""
     from transformers import AutoTokenizer
 
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
 
     ml = _script("minimal_loop")
     tok, policy = AutoTokenizer.from_pretrained(tiny), Policy.from_pretrained(tiny)
@@ -137,7 +137,7 @@ def test_estimators_give_the_documented_advantages() -> None:
 def test_the_reading_direction_raises_the_counterfactual_shift(tiny: Path) -> None:
     """A small step along the measured reading direction raises the counterfactual shift it is
     the gradient of, and a step against it lowers it (first order)."""
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
 
     snr = _script("credit_snr")
     torch.manual_seed(0)

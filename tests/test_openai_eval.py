@@ -1,5 +1,5 @@
 """``python -m agents.evaluate --base-url``: a model behind an OpenAI-compatible endpoint plays any
-task. The happy path runs against a real server on loopback (``agents.openai_server`` serving
+task. The happy path runs against a real server on loopback (``agents.engines.openai_server`` serving
 the embedded model: real prompts, sampling and log-probs); a scripted stub server stands in
 only for faults a real one cannot be made to produce on demand (429, 5xx, timeouts, malformed
 JSON, dropped connections). vLLM's own server: tests/test_vllm_openai.py (make test-vllm)."""
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from agents import evaluate as ev
-from agents.openai_eval import ChatEndpoint, EndpointRunner
+from agents.rollout.openai_eval import ChatEndpoint, EndpointRunner
 from agents.record import load_records
 
 LAKE = "freshper/FrozenLake-v0"
@@ -25,8 +25,8 @@ LAKE = "freshper/FrozenLake-v0"
 
 @pytest.fixture(scope="module")
 def policy():
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
 
     from conftest import with_logit_bias
 
@@ -39,7 +39,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def served(policy):
-    from agents.openai_server import ChatModel, ChatServer
+    from agents.engines.openai_server import ChatModel, ChatServer
 
     server = ChatServer(("127.0.0.1", 0), ChatModel(policy, policy.name))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -109,7 +109,7 @@ def test_the_cli_samples_within_the_in_process_interval_and_the_viewer_opens_it(
 
 
 def test_vision_tasks_send_their_images_as_png_data_urls(tmp_path) -> None:
-    from agents.openai_eval import image_data_url, user_message
+    from agents.rollout.openai_eval import image_data_url, user_message
 
     from envs.serve import decode_image
 

@@ -107,8 +107,8 @@ def test_pretraining_lowers_the_dynamics_loss_and_is_cached(tmp_path) -> None:
 
 
 def test_exact_rate_counts_the_replies_the_policy_writes_to_the_character(tmp_path) -> None:
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
     from learner.pretrain import exact_rate, held_out_dynamics
 
     policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
@@ -124,8 +124,8 @@ def test_exact_rate_counts_the_replies_the_policy_writes_to_the_character(tmp_pa
 
 
 def test_pretraining_goes_on_in_rounds_until_the_bar_or_the_step_cap(tmp_path) -> None:
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
 
     policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
     cfg = PretrainConfig(steps=3, batch=4, lr=3e-3, until_exact=1.0, max_steps=7, check_every=2)
@@ -141,8 +141,8 @@ def test_pretraining_stops_at_the_first_check_that_meets_the_bar(tmp_path, monke
     """Reaching the bar takes hundreds of steps; the rates the checks see are fed in here, the
     training between them is real."""
     import learner.pretrain as lp
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
 
     rates = iter([0.1, 0.3, 0.6, 0.9])
     monkeypatch.setattr(lp, "exact_rate", lambda policy, examples: next(rates))
@@ -170,8 +170,8 @@ def test_the_bar_is_part_of_the_cache_key_and_checked() -> None:
 
 
 def test_vision_pretraining_sees_the_image_and_predicts_the_board_text(tmp_path) -> None:
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
 
     policy = Policy.from_pretrained(build_tiny_model("vision", cache_dir=tmp_path))
     torch.manual_seed(0)
@@ -281,8 +281,8 @@ def test_sokoban_counterfactual_probes_wall_off_one_cell_next_to_the_player() ->
 
 
 def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> None:
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
     from learner.diagnostics import policy_diagnostics
     from tests.conftest import with_logit_bias
 
@@ -306,8 +306,8 @@ def test_a_board_blind_policy_has_no_spread_and_no_counterfactual_shift() -> Non
 def test_illegal_mass_is_the_probability_of_moves_off_the_board() -> None:
     """A policy that always answers Up (Left) puts all its mass off the board exactly in the
     diagnostic states whose player is on the top row (left column)."""
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
     from learner.diagnostics import _random_states, policy_diagnostics
     from tests.conftest import with_logit_bias
 
@@ -482,8 +482,8 @@ def test_random_replies_drawn_another_way_get_another_cache_key(monkeypatch) -> 
 
 
 def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -> None:
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
     from envs.capabilities import think_reply
     from learner.diagnostics import action_probabilities, policy_diagnostics
 
@@ -510,7 +510,7 @@ def test_diagnostics_with_lookahead_score_each_state_after_its_own_lookahead() -
 def test_a_task_with_text_of_its_own_gets_a_tokenizer_that_knows_its_names(tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from agents.tiny import TASK_VOCAB_SIZE, build_tiny_model, task_model
+    from agents.policies.tiny import TASK_VOCAB_SIZE, build_tiny_model, task_model
 
     shared = build_tiny_model("text", cache_dir=tmp_path)
     assert task_model("freshper/FrozenLake-v0", {"feedback": False}, cache_dir=tmp_path) == shared

@@ -26,10 +26,10 @@ ray = pytest.importorskip("ray")
 
 import learner.run  # noqa: E402
 from learner.config import make_config  # noqa: E402
-from agents.distributed import RayCollector, ShardedCollector, ray_init  # noqa: E402
-from agents.policy import Policy  # noqa: E402
-from agents.runner import RolloutConfig  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.rollout.distributed import RayCollector, ShardedCollector, ray_init  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
+from agents.rollout.runner import RolloutConfig  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 from learner.checkpoint import list_checkpoints  # noqa: E402
 from learner.report import read_metrics  # noqa: E402
 
@@ -206,7 +206,7 @@ def test_a_worker_killed_mid_collection_is_replaced_and_no_record_is_lost(cluste
         start = slow_retrieval.requests
         result: dict = {}
         thread = threading.Thread(target=lambda: result.update(out=collector.collect(**request, policy_version=0)))
-        with caplog.at_level(logging.WARNING, logger="agents.distributed"):
+        with caplog.at_level(logging.WARNING, logger="agents.rollout.distributed"):
             thread.start()
             deadline = time.monotonic() + 120
             while slow_retrieval.requests < start + 2 and time.monotonic() < deadline:  # both shards mid-episode
@@ -269,7 +269,7 @@ def test_async_records_carry_the_version_they_were_sampled_with(cluster, model_p
         publish(collector, 3)
         _perturb(learner, seed=4)
         publish(collector, 4)
-        with caplog.at_level(logging.WARNING, logger="agents.distributed"):
+        with caplog.at_level(logging.WARNING, logger="agents.rollout.distributed"):
             records, stats = collector.collect(**_plan(3), policy_version=4)
         assert stats["log"]["stale_dropped"] == 4.0 and {r.policy_version for r in records} == {4}
         assert _blobs(records) == _blobs(expected(3, 4))

@@ -123,7 +123,7 @@ def test_a_released_lock_of_an_empty_start_leaves_nothing_and_can_be_taken_again
 @pytest.mark.parametrize("damage", ["safetensors", "pickle", "config.json"])
 def test_corrupt_weights_are_a_clear_error_and_the_failed_start_leaves_no_run_folder(tmp_path: Path, damage: str,
                                                                                      capsys) -> None:
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     model = Path(shutil.copytree(build_tiny_model("text"), tmp_path / "model"))
     if damage == "safetensors":
@@ -268,7 +268,7 @@ def test_a_resumed_runs_own_config_is_read_as_safely(tiny_run: Path, tmp_path: P
 def test_loading_never_runs_a_model_folders_code_nor_asks_on_stdin(tmp_path: Path) -> None:
     """transformers' [y/N] prompt read the stdin agents.play takes moves from: a first line of
     `1` ran the folder's Python."""
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     model = Path(shutil.copytree(build_tiny_model("text"), tmp_path / "model"))
     marker = tmp_path / "the-folder's-code-ran"
@@ -308,7 +308,7 @@ def small_disk(tmp_path: Path):
     """A real file system small enough to fill: a tmpfs with room for a tiny run's start (the KL
     reference and the first checkpoint, one model each) but not for its second checkpoint (the
     model, Adam's two moments and the buffer). Mounting needs root: skipped elsewhere."""
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     model_bytes = (Path(build_tiny_model("text")) / "model.safetensors").stat().st_size
     mnt = tmp_path / "disk"

@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from agents.policy import Policy  # noqa: E402
-from agents.runner import Runner  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
+from agents.rollout.runner import Runner  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 from learner.advantages import assign_group_advantages  # noqa: E402
 
 SEARCH = "freshper/SearchQA-v0"

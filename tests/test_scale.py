@@ -15,7 +15,7 @@ import torch
 
 import learner.run
 import train
-from agents.policy import Policy
+from agents.policies.policy import Policy
 from learner.checkpoint import list_checkpoints, save_checkpoint
 from learner.config import Config, make_config, parse_config
 from learner.loss import LossConfig
@@ -31,8 +31,8 @@ def tiny_config(tmp_path: Path, **overrides) -> Config:
 
 
 def _setup(modality: str, seeds=(11, 12)):
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
 
     torch.manual_seed(0)
     path = build_tiny_model(modality)
@@ -73,7 +73,7 @@ def test_the_gradient_checkpointing_path_equals_the_shared_prefix_path_in_loss_a
 
 
 def test_the_chunked_fp32_log_softmax_equals_the_whole_one_in_values_and_gradients(monkeypatch) -> None:
-    import agents.policy
+    import agents.policies.policy
 
     _, policy, _ = _setup("text")
     torch.manual_seed(1)
@@ -81,7 +81,7 @@ def test_the_chunked_fp32_log_softmax_equals_the_whole_one_in_values_and_gradien
     targets = torch.randint(0, policy.model.config.vocab_size, (3, 7))
     whole = policy.logprobs_of(logits, targets, 0.7)
     (g_whole,) = torch.autograd.grad(whole.sum(), logits)
-    monkeypatch.setattr(agents.policy, "LOGPROB_CHUNK_ELEMENTS", 2 * policy.model.config.vocab_size + 5)
+    monkeypatch.setattr(agents.policies.policy, "LOGPROB_CHUNK_ELEMENTS", 2 * policy.model.config.vocab_size + 5)
     chunked = policy.logprobs_of(logits, targets, 0.7)
     (g_chunked,) = torch.autograd.grad(chunked.sum(), logits)
     assert chunked.dtype == torch.float32
@@ -111,8 +111,8 @@ def test_a_bf16_iteration_trains_on_the_cpu_with_fp32_master_weights(tmp_path: P
 
 
 def test_a_policy_computes_in_bf16_under_autocast_and_samples_the_same_records_shape() -> None:
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
 
     policy = Policy.from_pretrained(build_tiny_model("text"), compute_dtype="bf16")
     seen = []
@@ -128,7 +128,7 @@ def test_a_policy_computes_in_bf16_under_autocast_and_samples_the_same_records_s
 
 
 def test_lora_starts_at_the_base_and_its_reference_is_the_base_with_adapters_off() -> None:
-    from agents.lora import LoraSettings, add_lora, has_lora
+    from agents.policies.lora import LoraSettings, add_lora, has_lora
 
     path, base, records = _setup("text")
     policy = Policy.from_pretrained(path)
@@ -147,7 +147,7 @@ def test_lora_starts_at_the_base_and_its_reference_is_the_base_with_adapters_off
 
 
 def test_a_lora_vision_policy_adapts_the_language_model_and_never_the_vision_tower() -> None:
-    from agents.lora import LoraSettings, add_lora
+    from agents.policies.lora import LoraSettings, add_lora
 
     path, _, records = _setup("vision")
     policy = Policy.from_pretrained(path)
@@ -288,7 +288,7 @@ def test_fp16_compute_trains_with_a_loss_scale_and_an_overflow_skips_the_step_wi
 
 
 def test_adam_takes_its_fused_kernel_only_for_large_plain_models() -> None:
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
     from learner.state import FUSED_ADAM_PARAMETERS, fused_adam
 
     tiny = Policy.from_pretrained(build_tiny_model("text"))

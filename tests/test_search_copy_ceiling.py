@@ -26,9 +26,9 @@ def test_cases_are_prompts_after_a_search_whose_passages_hold_the_answer() -> No
 
 def test_a_sized_model_has_the_asked_decoder_and_the_task_tokenizer(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import task_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import task_model
 
     base = task_model("freshper/SearchQA-v0", default_env_kwargs("freshper/SearchQA-v0", "window:0"))
     policy = Policy.from_pretrained(sized_model(base, 192, 2, 0, tmp_path / "m"))

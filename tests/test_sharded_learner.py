@@ -55,8 +55,8 @@ def test_the_first_sharded_update_equals_the_one_process_update_on_the_same_batc
     sys.path.insert(0, str(FIXTURES))
     from sharded_records import fixed_records
 
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
     from learner.loss import LossConfig
     from learner.update import policy_update
 

@@ -353,7 +353,7 @@ def test_board_notations_write_each_cell_after_a_space_in_observation_and_dynami
 def test_letters_board_is_one_token_per_cell_for_the_embedded_tokenizer():
     from transformers import AutoTokenizer
 
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model("text"))
     env = SokobanEnv(preset="simple", feedback=False, board="letters")

@@ -16,7 +16,7 @@ import yaml
 import learner.run
 import train
 from agents.record import load_records
-from agents.runner import default_env_kwargs
+from agents.rollout.runner import default_env_kwargs
 from learner.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
 from learner.cli import field_docs
 from learner.config import (Config, build_parser, flatten, locked_on_resume, make_config, parse_config,
@@ -38,9 +38,9 @@ def tiny_config(tmp_path: Path, **overrides) -> Config:
 
 @pytest.fixture(scope="module")
 def text_setup():
-    from agents.policy import Policy
-    from agents.runner import Runner
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import Runner
+    from agents.policies.tiny import build_tiny_model
     from learner.advantages import assign_group_advantages
 
     torch.manual_seed(0)
@@ -296,7 +296,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 def test_the_run_delivers_the_policy_that_validates_best(tmp_path: Path) -> None:
     """Periodic evaluations run on validation seeds; the best policy is kept in best/iter_N, scored
     on the test tasks beside the last iteration, named as the run's agent, and kept on resume."""
-    from agents.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
+    from agents.rollout.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
 
     # A 2x2 lake without holes: any well-formed moves reach the goal, so the briefly pretrained
     # start succeeds; a learning rate of 1.0 given on resume then wrecks its replies.
@@ -540,7 +540,7 @@ def test_no_think_loss_leaves_the_think_span_out_of_the_loss_and_its_token_count
 def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_path: Path) -> None:
     """--train-env-kwargs: training levels are the easier ones, evaluation stays on the task."""
     import envs
-    from agents.seeds import EVAL_SEED_BASE
+    from agents.rollout.seeds import EVAL_SEED_BASE
 
     cfg = tiny_config(tmp_path, run_name="cur", env_id="freshper/Sokoban-v0", iterations=1, eval_every=0,
                       train_env_kwargs={"max_solution_moves": 2})
@@ -739,7 +739,7 @@ def test_a_wider_embedded_model_trains_and_keeps_its_own_cached_folders(tmp_path
     """``--tiny-width`` builds a wider decoder (heads of 32) in folders of its own, pretrains and
     trains it; the default width keeps its folder names, and a width with --model is refused."""
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
-    from agents.tiny import build_tiny_model, check_width
+    from agents.policies.tiny import build_tiny_model, check_width
 
     summary = learner.run.train(tiny_config(tmp_path, run_name="w", tiny_width=192, iterations=1, pretrain_steps=2,
                                       pretrain_batch=4, eval_every=0, gifs=0))
@@ -752,7 +752,7 @@ def test_a_wider_embedded_model_trains_and_keeps_its_own_cached_folders(tmp_path
     default = build_tiny_model("text", cache_dir=tmp_path / "cache")
     assert "-w" not in default.name and default != wide[0]
     assert json.loads((default / "config.json").read_text(encoding="utf-8"))["hidden_size"] == 128
-    from agents.policy import Policy  # the vision model's merger projects into the wider decoder
+    from agents.policies.policy import Policy  # the vision model's merger projects into the wider decoder
 
     vision = Policy.from_pretrained(build_tiny_model("vision", cache_dir=tmp_path / "cache", width=192))
     image = np.zeros((112, 112, 3), np.uint8)

@@ -12,8 +12,8 @@ from learner.prefix import common_prefix_length, group_prompts, prompt_lengths, 
 
 @pytest.fixture(scope="module")
 def policy():
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
 
     torch.manual_seed(0)
     return Policy.from_pretrained(build_tiny_model("text"))
@@ -70,7 +70,7 @@ def test_group_prompts_and_prompt_lengths() -> None:
 
 
 def test_shared_prefix_matches_full_forward_with_gradients(policy) -> None:
-    from agents.runner import Runner
+    from agents.rollout.runner import Runner
 
     records, _ = Runner(policy, "freshper/FrozenLake-v0", group_size=2, max_new_tokens=4, seed=5).collect(
         [21, 22], policy_version=0)
@@ -112,7 +112,7 @@ def test_short_prompts_without_header_and_single_sample(policy) -> None:
 
 def test_full_context_samples(policy) -> None:
     """Full-context records: several sampled segments with environment tokens between them."""
-    from agents.runner import Runner
+    from agents.rollout.runner import Runner
 
     records, _ = Runner(policy, "freshper/FrozenLake-v0", group_size=2, max_new_tokens=4, seed=3,
                         context="full").collect([31, 32], policy_version=0)
@@ -123,8 +123,8 @@ def test_full_context_samples(policy) -> None:
 
 @pytest.fixture(scope="module")
 def vision_policy():
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
 
     torch.manual_seed(0)
     return Policy.from_pretrained(build_tiny_model("vision"))
@@ -160,7 +160,7 @@ def _assert_vision_same_as_full_forward(policy, records, temperature: float = 1.
 
 @pytest.mark.parametrize("context", ["window:0", "window:1"])
 def test_vision_shared_prompts_match_full_forward_with_gradients(vision_policy, context) -> None:
-    from agents.runner import Runner
+    from agents.rollout.runner import Runner
     from learner.prefix import _vision_prefix_applies
 
     records, _ = Runner(vision_policy, "freshper/FrozenLakeVision-v0", group_size=2, max_new_tokens=4, seed=5,
@@ -173,7 +173,7 @@ def test_vision_shared_prompts_match_full_forward_with_gradients(vision_policy, 
 
 
 def test_vision_full_context_takes_the_full_forward(vision_policy) -> None:
-    from agents.runner import Runner
+    from agents.rollout.runner import Runner
     from learner.prefix import _vision_prefix_applies
 
     records, _ = Runner(vision_policy, "freshper/FrozenLakeVision-v0", group_size=1, max_new_tokens=4, seed=5,

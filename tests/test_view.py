@@ -134,7 +134,7 @@ def test_episode_filters_and_reply_tokens(runs: Path) -> None:
 
 # -- play sessions -------------------------------------------------------------------------------
 def test_a_played_episode_is_recorded_with_model_and_typed_turns(tmp_path: Path) -> None:
-    from agents.view.play import TINY, Sessions
+    from agents.view.sessions import TINY, Sessions
 
     sessions = Sessions()
     session = sessions.start(TEXT, 0, TINY, env_kwargs={})
@@ -177,7 +177,7 @@ def test_a_played_episode_is_recorded_with_model_and_typed_turns(tmp_path: Path)
 
 
 def test_a_played_vision_episode_records_the_image_of_every_turn(tmp_path: Path) -> None:
-    from agents.view.play import TINY, Sessions
+    from agents.view.sessions import TINY, Sessions
 
     session = Sessions().start("freshper/FrozenLakeVision-v0", 3, TINY)
     session.step_model()
@@ -304,7 +304,7 @@ def test_a_single_run_folder_is_served_alone(runs: Path) -> None:
 
 
 def test_play_loads_models_on_the_device_and_dtype_asked(tmp_path: Path) -> None:
-    from agents.view.play import TINY, Sessions
+    from agents.view.sessions import TINY, Sessions
 
     session = Sessions(dtype="bf16").start(TEXT, 0, TINY)
     policy = session.player.policy

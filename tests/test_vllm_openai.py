@@ -24,7 +24,7 @@ LAKE = "freshper/FrozenLake-v0"
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
 
     model = str(build_tiny_model("text"))
     with socket.socket() as s:
@@ -63,7 +63,7 @@ def test_the_eval_cli_against_vllm_agrees_with_in_process_evaluation(vllm_server
     import torch
 
     from agents import evaluate as ev
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
     from agents.record import load_records
 
     url, model = vllm_server

@@ -4,7 +4,7 @@
   evaluation records) and says what is wrong with a damaged one instead of raising;
 - :mod:`agents.view.episodes` turns trajectory records into what a page shows (turns, images,
   reply tokens with their behaviour log-probs);
-- :mod:`agents.view.play` holds live play sessions: a task, a seed and a model, stepped by the
+- :mod:`agents.view.sessions` holds live play sessions: a task, a seed and a model, stepped by the
   model or by hand, saved as a record and a GIF;
 - :mod:`agents.view.app` is the Starlette app (optional extra ``.[view]``), bound to loopback
   by default. docs/view.md describes the pages.

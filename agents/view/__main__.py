@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--play-dir", default=None, help="where saved play episodes go (default: RUNS/play)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for play (default: agents.policy's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for play (default: agents.policies.policy's)")
     parser.add_argument("--device", default="cpu", help="torch device play loads models on: cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32: the precision play loads models in "
                                                        "(auto: bf16 on a GPU that supports it, fp32 on the CPU)")
@@ -40,8 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agents.view.runs import ViewError
 
     try:
-        from agents.policy import resolve_device
-        from agents.precision import resolve_dtype
+        from agents.policies.policy import resolve_device
+        from agents.policies.precision import resolve_dtype
 
         device = str(resolve_device(args.device))
         resolve_dtype(args.dtype, device)
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ViewError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from agents.policy import configure_threads
+    from agents.policies.policy import configure_threads
 
     configure_threads(args.threads)
     try:

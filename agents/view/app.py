@@ -52,7 +52,7 @@ from starlette.staticfiles import StaticFiles
 from agents.safeio import UnsafeFileError, inside, read_regular
 from agents.view import episodes as ep
 from agents.view import replay as rp
-from agents.view.play import MAX_REPLY_CHARS, TINY, Sessions, check_play_options, save_folder
+from agents.view.sessions import MAX_REPLY_CHARS, TINY, Sessions, check_play_options, save_folder
 from agents.view.runs import (MAX_BYTES, RunInfo, ViewError, finite, find_runs, is_run_folder, load_run,
                               newest_model_folder, safe_join)
 
@@ -167,7 +167,7 @@ class Viewer:
                 model = named
         if model is None and records:
             try:
-                from agents.tiny import build_tiny_model
+                from agents.policies.tiny import build_tiny_model
                 from envs.registry import task_spec
 
                 model = build_tiny_model(task_spec(records[0].env_id).modality)
@@ -474,7 +474,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _parse_kwargs(text: str) -> dict[str, Any]:
     """``size=8 is_slippery=true`` (spaces or commas between) -> task keyword arguments, bounded
-    (:func:`agents.view.play.check_play_options`)."""
+    (:func:`agents.view.sessions.check_play_options`)."""
     from envs.play import parse_kwargs
 
     if len(text) > 1000:

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from agents.tiny import build_tiny_model
+from agents.policies.tiny import build_tiny_model
 from envs.frozenlake import FrozenLakeEnv, random_map
 
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}

@@ -39,7 +39,7 @@ import torch
 
 ENV_ID = "freshper/FrozenLake-v0"
 ESTIMATORS = ("episode", "nostd", "gigpo", "step")
-#: Task seeds of the measured batches: the held-out block (``agents.seeds.EVAL_SEED_BASE``);
+#: Task seeds of the measured batches: the held-out block (``agents.rollout.seeds.EVAL_SEED_BASE``);
 #: nothing is trained on them here, and they are maps no training run sees.
 SEED_BASE = 1_900_000_000
 
@@ -158,8 +158,8 @@ def directions(policy, probes: int, states: int, seed: int) -> dict[str, torch.T
 
 def measure(model: str, estimators: list[str], batches: int, tasks: int, group: int, probes: int,
             seed: int, reference: str | None = None, kl_coef: float = 0.04) -> dict:
-    from agents.policy import Policy
-    from agents.runner import RolloutConfig
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import RolloutConfig
 
     policy = Policy.from_pretrained(model)
     ref = None

@@ -1,7 +1,7 @@
 """A minimal GRPO loop on FrozenLake 4x4 text, written apart from ``train.py``: the reference
 the trainer's path is bisected against (docs/results/history.md#the-trainer-against-an-independent-minimal-loop).
 
-Shared with the project: the embedded tiny model and its tokenizer (``agents.tiny``), the task
+Shared with the project: the embedded tiny model and its tokenizer (``agents.policies.tiny``), the task
 (``envs``: maps, dynamics, board text) and the held-out seed block. Written here from scratch,
 in a few lines each, with plain Hugging Face calls: the prompt (the tokenizer's own chat
 template), batched sampling with a KV cache, the log-probs, the group advantage, the clipped
@@ -187,7 +187,7 @@ def probe(turns: list[tuple[str, str]]) -> float:
 
 
 def evaluate(model, tokenizer, n: int, style: str, greedy: bool, seed: int) -> dict:
-    from agents.seeds import EVAL_SEED_BASE
+    from agents.rollout.seeds import EVAL_SEED_BASE
 
     gen = torch.Generator().manual_seed(seed)
     model.eval()
@@ -294,7 +294,7 @@ def warmup(model, tokenizer, steps: int, batch: int, lr: float, style: str, seed
 
 # -- the loop ------------------------------------------------------------------------------
 def run(args) -> None:
-    from agents.tiny import build_tiny_model
+    from agents.policies.tiny import build_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
@@ -327,8 +327,8 @@ def run(args) -> None:
 
     policy = ref_policy = None
     if args.use_runner or args.use_update:  # the trainer's parts act on the same weights
-        from agents.policy import Policy
-        from agents.runner import RolloutConfig
+        from agents.policies.policy import Policy
+        from agents.rollout.runner import RolloutConfig
 
         policy = Policy(model, tokenizer)
         ref_policy = Policy(ref, tokenizer)

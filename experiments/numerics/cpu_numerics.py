@@ -32,9 +32,9 @@ def child(seed: int, steps: int, threads: int) -> dict:
 
     import torch
 
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import build_tiny_model
     from learner.config import Config
     from learner.pretrain import pretrain
 

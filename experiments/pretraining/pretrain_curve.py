@@ -54,9 +54,9 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     import envs
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import build_tiny_model
     from learner.pretrain import PretrainConfig, TransitionStreams, encode, exact_rate, held_out_dynamics, pretrain
     from learner.update import nll_per_sample
 

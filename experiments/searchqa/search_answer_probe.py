@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 import envs
-from agents.policy import Policy
+from agents.policies.policy import Policy
 from envs.search.env import unasked_candidates
 from learner.diagnostics import action_probabilities
-from agents.seeds import EVAL_SEED_BASE
+from agents.rollout.seeds import EVAL_SEED_BASE
 
 
 def best_passage_candidates(task) -> list[str]:

@@ -13,7 +13,7 @@ not a memory). Training-split EM on as many questions is printed beside it.
 If the tiny model gets high held-out EM here, it can copy a name from its passages and what
 SearchQA's RL lacks is the signal to find that copy; if it does not within many more steps than
 the pretraining takes, no reward teaches it at that size. ``--hidden``/``--layers`` build a
-larger decoder on the same tokenizer (the task's own, ``agents.tiny.task_model``; ``--hidden``
+larger decoder on the same tokenizer (the task's own, ``agents.policies.tiny.task_model``; ``--hidden``
 is ``train.py --tiny-width``) to say
 whether size is what is missing. Step 0 is a randomly initialised model (``--model`` starts
 from a folder instead, e.g. the config's pretrained start).
@@ -69,7 +69,7 @@ def sized_model(base: Path, hidden: int, layers: int, seed: int, into: Path) -> 
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from agents.tiny import _decoder_dims, check_width
+    from agents.policies.tiny import _decoder_dims, check_width
 
     tok = AutoTokenizer.from_pretrained(base)
     dims = {**_decoder_dims(tok, check_width(hidden)), "num_hidden_layers": layers}
@@ -115,9 +115,9 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import task_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import task_model
     from learner.pretrain import Example, encode
     from learner.update import supervised_step
 

@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--shared-tokenizer", action="store_true",
                         help="start from the tiny model every task shares (512 tokens) instead of SearchQA's own "
-                             "(agents.tiny.task_model: a tokenizer that learned the knowledge base's names)")
+                             "(agents.policies.tiny.task_model: a tokenizer that learned the knowledge base's names)")
     parser.add_argument("--model", default=None, help="start from this model folder (e.g. an earlier --save)")
     parser.add_argument("--save", default=None, metavar="DIR")
     parser.add_argument("--json", default=None)
@@ -45,9 +45,9 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from agents.evaluate import evaluate, wilson_interval
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model, task_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import build_tiny_model, task_model
     from experiments.searchqa.search_copy_probe import probe_records
     from learner.pretrain import PretrainConfig, exact_rate, held_out_dynamics, pretrain
 

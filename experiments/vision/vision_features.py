@@ -47,10 +47,10 @@ def main() -> int:
     torch.set_num_threads(1)
 
     import envs
-    from agents.policy import Policy
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
     from envs.frozenlake import parse_board
-    from agents.seeds import EVAL_SEED_BASE
+    from agents.rollout.seeds import EVAL_SEED_BASE
 
     policy = Policy.from_pretrained(args.model or build_tiny_model("vision"))
     env, text_env = envs.make("freshper/FrozenLakeVision-v0"), envs.make("freshper/FrozenLake-v0")

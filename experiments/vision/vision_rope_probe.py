@@ -67,9 +67,9 @@ def forward(policy, samples, images, flat: bool) -> tuple[torch.Tensor, torch.Te
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agents.policy import Policy
-    from agents.runner import default_env_kwargs
-    from agents.tiny import build_tiny_model
+    from agents.policies.policy import Policy
+    from agents.rollout.runner import default_env_kwargs
+    from agents.policies.tiny import build_tiny_model
     from learner.pretrain import TransitionStreams, encode
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

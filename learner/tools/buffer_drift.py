@@ -49,7 +49,7 @@ def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict
     import numpy as np
     import torch
 
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
     from learner.batch import batch_logprobs, make_batches
     from learner.loss import effective_sample_size
     from learner.state import REPLAY_FILE, TrajectoryCodec

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from agents.policy import Policy
+    from agents.policies.policy import Policy
     from learner.diagnostics import policy_diagnostics
 
     models, env_id = args.models, args.env_id

@@ -7,7 +7,7 @@ Per task: the random agent (``sample_reply``: a uniformly drawn effective action
 random well-formed replies the embedded model is pretrained on), where the task skips no-op
 moves there (Sokoban) a uniformly drawn legal move beside it, and, for FrozenLake, the
 board-blind Down/Right habit (a random one of Down/Right each turn). Seeds are the held-out
-evaluation seeds (``agents.seeds.EVAL_SEED_BASE`` on), so the numbers sit beside a run's final
+evaluation seeds (``agents.rollout.seeds.EVAL_SEED_BASE`` on), so the numbers sit beside a run's final
 evaluation. ``--env-kwargs`` (JSON) builds the tasks with those keyword arguments, e.g. the
 easier levels of a curriculum (``train.py --train-env-kwargs``). Prints a table of success (95% Wilson interval) and mean return.
 """
@@ -21,7 +21,7 @@ import numpy as np
 
 import envs
 from agents.evaluate import wilson_interval
-from agents.seeds import EVAL_SEED_BASE
+from agents.rollout.seeds import EVAL_SEED_BASE
 
 TASKS = ["freshper/FrozenLake-v0", "freshper/Sokoban-v0", "freshper/SearchQA-v0"]
 

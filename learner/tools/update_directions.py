@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(train with --checkpoint-every 1 --keep-checkpoints N)")
     probes = {}
     if args.spread:
-        from agents.policy import Policy
+        from agents.policies.policy import Policy
         from learner.diagnostics import policy_diagnostics
 
         cfg = yaml.safe_load((ckpts[0] / "config.yaml").read_text(encoding="utf-8")) or {}

@@ -233,7 +233,7 @@ def _vision_model(tokenizer, seed: int, width: int = DEFAULT_WIDTH):
             depth=2, embed_dim=96, hidden_size=width, num_heads=4, mlp_ratio=2,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
         ),
-        freshper_positions="flat",  # 1-D rotary positions (agents.policy.FLAT_POSITIONS)
+        freshper_positions="flat",  # 1-D rotary positions (agents.policies.policy.FLAT_POSITIONS)
         image_token_id=ids("<|image_pad|>"),
         video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"),
@@ -278,7 +278,7 @@ def build_tiny_model(
     wider decoder (:data:`DEFAULT_WIDTH`), in a folder of its own (``tiny-text-s0-w256-...``).
     ``"vision"``: Qwen2-VL with the same text stack and a 2-layer vision tower (patch 14,
     spatial merge 2, so one 28x28 tile is one visual token) plus a Qwen2-VL processor; its
-    decoder takes 1-D rotary positions (``freshper_positions: flat``, agents/policy.py).
+    decoder takes 1-D rotary positions (``freshper_positions: flat``, agents/policies/policy.py).
     The folder is written to a temporary name and renamed, so a crash never leaves a
     half-written model; a folder missing its completion marker is rebuilt.
     """

@@ -20,7 +20,7 @@ def load_weights_into(policy, folder: str | os.PathLike) -> None:
     ones tied to another (the LM head tied to the embeddings)."""
     from safetensors.torch import load_file
 
-    from agents.lora import ADAPTER_WEIGHTS, has_lora, load_adapter_weights
+    from agents.policies.lora import ADAPTER_WEIGHTS, has_lora, load_adapter_weights
 
     folder = Path(folder)
     if has_lora(policy.model):

@@ -1,9 +1,9 @@
-"""A small generation server around :class:`agents.vllm_engine.VLLMEngine`, and its wire format.
+"""A small generation server around :class:`agents.engines.vllm_engine.VLLMEngine`, and its wire format.
 
-    <vllm-env>/bin/python -m agents.vllm_server --fd 5 --model FOLDER [--max-model-len 2048] ...
+    <vllm-env>/bin/python -m agents.engines.vllm_server --fd 5 --model FOLDER [--max-model-len 2048] ...
 
 vLLM pins its own torch, so it runs in its own environment and process;
-:class:`agents.vllm_client.VLLMSampler` starts this module with that environment's python and
+:class:`agents.engines.vllm_client.VLLMSampler` starts this module with that environment's python and
 talks to it over a socket pair it hands down as file descriptor ``--fd``. Messages are JSON
 objects, each framed by an 8-byte big-endian length; every request gets one reply,
 ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. Requests (``op``):
@@ -158,7 +158,7 @@ def serve(sock: socket.socket, engine: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.vllm_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agents.engines.vllm_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fd", type=int, required=True, help="file descriptor of the connected socket")
     parser.add_argument("--model", required=True, help="model folder (HF layout)")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on GPUs, float32 on CPUs")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if current_platform.is_cpu():  # the engine core in this process: starts in ~half the time on CPU
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from agents.vllm_engine import VLLMEngine
+        from agents.engines.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed,
                             enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,

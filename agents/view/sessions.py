@@ -90,7 +90,7 @@ class PolicyCache:
     """Loaded policies by model folder (a few, least recently used dropped), so sessions on
     the same checkpoint share one copy; loading checks a checkpoint against its manifest.
     Models load on ``device`` in ``dtype`` (a ``--dtype`` name: auto is bf16 on a GPU that
-    supports it, fp32 on the CPU; :mod:`agents.precision`)."""
+    supports it, fp32 on the CPU; :mod:`agents.policies.precision`)."""
 
     def __init__(self, size: int = 2, device: str = "cpu", dtype: str = "auto") -> None:
         self.size = size
@@ -101,11 +101,11 @@ class PolicyCache:
     def get(self, model: str, env_id: str) -> tuple[Any, str, threading.Lock]:
         """The policy for ``model`` (a folder, or :data:`TINY`), a label for pages and records, and
         the lock its model calls take (one per loaded model)."""
-        from agents.policy import Policy
+        from agents.policies.policy import Policy
         from envs.registry import task_spec
 
         if model == TINY:
-            from agents.tiny import build_tiny_model
+            from agents.policies.tiny import build_tiny_model
 
             modality = task_spec(env_id).modality
             path = str(build_tiny_model(modality))

@@ -48,7 +48,7 @@ import httpx
 import numpy as np
 
 from agents.record import Sample, Trajectory, Turn, episode_stats
-from agents.seeds import request_seed
+from agents.rollout.seeds import request_seed
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ async def play_episode(endpoint: ChatEndpoint, settings: EndpointSettings, seed:
     """One episode on task seed ``seed``; faults make a failed record, never an exception
     (except :class:`EndpointError`, which no retry fixes)."""
     import envs
-    from agents.runner import parse_context
+    from agents.rollout.runner import parse_context
 
     window = parse_context(settings.context)
     vision = envs.task_spec(settings.env_id).modality == "vision"
@@ -332,7 +332,7 @@ class EndpointRunner:
     def __init__(self, endpoint: ChatEndpoint, env_id: str, *, env_kwargs: dict[str, Any] | None = None,
                  context: str = "window:0", max_new_tokens: int = 16, temperature: float = 1.0,
                  concurrency: int = 8) -> None:
-        from agents.runner import parse_context
+        from agents.rollout.runner import parse_context
 
         parse_context(context)  # a bad context fails before any request
         self.endpoint = endpoint

@@ -2,11 +2,11 @@
 engine runs in another process, started with the vLLM environment's python.
 
 vLLM pins its own torch, which cannot share a process with the project's, so
-:class:`VLLMSampler` starts ``python -m agents.vllm_server`` with the vLLM environment's
-interpreter and talks to it over a socket pair (:mod:`agents.vllm_server` has the wire
+:class:`VLLMSampler` starts ``python -m agents.engines.vllm_server`` with the vLLM environment's
+interpreter and talks to it over a socket pair (:mod:`agents.engines.vllm_server` has the wire
 format). Per-prompt sampling seeds are drawn from torch's RNG in this process, so a runner's
 seeded collect is reproducible through vLLM too. Images (Qwen2-VL / Qwen2.5-VL) are sent sized
-as the policy's processor sizes them (:meth:`agents.policy.Policy.prepare_image`), each distinct
+as the policy's processor sizes them (:meth:`agents.policies.policy.Policy.prepare_image`), each distinct
 image once per request.
 
 Weights (:meth:`VLLMSampler.push_weights`) go in memory by default (``weight_sync="memory"``):
@@ -14,7 +14,7 @@ at the first push the trainer and the engine's workers form a ``torch.distribute
 their own (a TCPStore on a free loopback port, rank 0 here; gloo when the engine or the
 learner runs on the CPU, NCCL when they run on two GPUs), and each push broadcasts the weights in buckets of
 ``bucket_mb`` in the engine's dtype, which the engine loads into its model in place
-(:mod:`agents.vllm_engine`): no file is written. A tied LM head is not sent (the engine's is
+(:mod:`agents.engines.vllm_engine`): no file is written. A tied LM head is not sent (the engine's is
 the embedding). A LoRA model sends its adapters alone when the engine serves adapters
 (``lora_rank``), else its merged weights. ``weight_sync="files"`` keeps the round trip through
 ``save_pretrained`` under ``/dev/shm`` (the benchmark's baseline).
@@ -42,11 +42,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from agents.record import Generation
-from agents.vllm_server import recv_message, send_message
+from agents.engines.vllm_server import recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_vllm_python() -> str:
@@ -90,7 +90,7 @@ def _stop(proc: subprocess.Popen, sock: socket.socket, folder: Path, temp_log: P
 
 class VLLMSampler:
     """Generates with a vLLM engine in its own process; :meth:`generate` is the contract of
-    :meth:`agents.policy.Policy.generate` (``turn_cache`` is ignored, vLLM caches prefixes
+    :meth:`agents.policies.policy.Policy.generate` (``turn_cache`` is ignored, vLLM caches prefixes
     itself). ``prepare_image`` sizes an image as the policy's processor does (vision models)."""
 
     def __init__(self, model_path: str | os.PathLike, *, eos_token_id: int, suppressed_ids: Sequence[int] = (),
@@ -129,7 +129,7 @@ class VLLMSampler:
         self.last_prompt_ids: list[list[int]] | None = None
         model_path = engine_model_folder(model_path)
         parent, child = socket.socketpair()
-        cmd = [self.python, "-m", "agents.vllm_server", "--fd", str(child.fileno()), "--model", str(model_path),
+        cmd = [self.python, "-m", "agents.engines.vllm_server", "--fd", str(child.fileno()), "--model", str(model_path),
                "--dtype", dtype, "--max-model-len", str(int(max_model_len)), "--seed", str(int(seed)),
                "--max-images", str(int(max_images)), "--lora-rank", str(self.lora_rank),
                "--engine-args", json.dumps(engine_args or {})]
@@ -264,7 +264,7 @@ class VLLMSampler:
     def push_weights(self, model: Any, version: int) -> None:
         """Make the engine sample from ``model``'s current weights (in memory or through files,
         ``weight_sync``; the prefix cache is reset); ``version`` is kept for the log."""
-        from agents.lora import has_lora
+        from agents.policies.lora import has_lora
 
         t0 = time.perf_counter()
         if self.weight_sync == "files":
@@ -298,7 +298,7 @@ class VLLMSampler:
         import torch
         from torch.multiprocessing.reductions import reduce_tensor
 
-        from agents.vllm_engine import bucket_layout
+        from agents.engines.vllm_engine import bucket_layout
 
         device = torch.device("cuda", torch.cuda.current_device())
         buckets = self._buckets(weights)
@@ -317,7 +317,7 @@ class VLLMSampler:
         del flats  # the engine has copied them into its model
 
     def _push_adapter(self, model: Any) -> None:
-        from agents.lora import adapter_state_dict
+        from agents.policies.lora import adapter_state_dict
 
         settings = model.freshper_lora
         if settings.rank > self.lora_rank:
@@ -367,7 +367,7 @@ class VLLMSampler:
         in flight, so packing the next overlaps sending this one."""
         import torch
 
-        from agents.vllm_engine import broadcast, bucket_layout
+        from agents.engines.vllm_engine import broadcast, bucket_layout
 
         device = torch.device("cpu") if self._backend == "gloo" else self._device
         inflight: list[tuple[Any, Any]] = []
@@ -410,7 +410,7 @@ class VLLMSampler:
             return
         import torch
 
-        from agents.vllm_engine import new_group
+        from agents.engines.vllm_engine import new_group
 
         self.transport()
         self._device = torch.device("cpu") if self._backend == "gloo" else torch.device("cuda", torch.cuda.current_device())
@@ -424,7 +424,7 @@ class VLLMSampler:
 
     def _push_files(self, model: Any, version: int) -> None:
         target = self.folder / f"v{int(version)}-{time.monotonic_ns()}"
-        from agents.lora import has_lora, plain_state_dict
+        from agents.policies.lora import has_lora, plain_state_dict
 
         if has_lora(model):  # the engine holds the plain model: the adapters go in merged
             from safetensors.torch import save_file
@@ -473,7 +473,7 @@ DIRECT_BYTES = 4 << 20
 def named_weights(model: Any):
     """``model``'s weights to send an engine, under the model's own names: LoRA adapters merged
     in, and without a tied LM head (the engine's is its embedding)."""
-    from agents.lora import plain_state_dict
+    from agents.policies.lora import plain_state_dict
 
     state = plain_state_dict(model)
     tied = _tied(model)
@@ -494,7 +494,7 @@ def engine_model_folder(path: str | os.PathLike) -> Path:
     adapters are pushed at the first sync)."""
     path = Path(path)
     if (path / "adapter_config.json").is_file():
-        from agents.lora import read_adapter_config
+        from agents.policies.lora import read_adapter_config
 
         return read_adapter_config(path)[2]
     return path

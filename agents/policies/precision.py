@@ -5,7 +5,7 @@ bf16 on a CUDA device that supports it, fp16 on one that does not, fp32 on the C
 policy keeps its weights and Adam's state in fp32 and computes under ``torch.autocast`` (mixed
 precision, the recipe TRL/accelerate and FSDP2's mixed-precision policy use); a model that only
 samples or scores (the KL reference, evaluation, play, the viewer) is loaded in the compute dtype
-itself. Log-probabilities are always taken in fp32 (:meth:`agents.policy.Policy.logprobs_of`).
+itself. Log-probabilities are always taken in fp32 (:meth:`agents.policies.policy.Policy.logprobs_of`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from agents.record import Generation
 
 
 class DecodingModel(Protocol):
-    """What the samplers need of a policy (:class:`agents.policy.Policy` is one)."""
+    """What the samplers need of a policy (:class:`agents.policies.policy.Policy` is one)."""
 
     model: torch.nn.Module
     pad_token_id: int

@@ -23,7 +23,7 @@ from envs.base import IMAGE_PLACEHOLDER
 
 
 class RenderingModel(Protocol):
-    """What rendering needs of a policy (:class:`agents.policy.Policy` is one)."""
+    """What rendering needs of a policy (:class:`agents.policies.policy.Policy` is one)."""
 
     tokenizer: Any
     processor: Any  # None for text models

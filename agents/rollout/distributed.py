@@ -3,7 +3,7 @@ asynchronous collection (docs/scaling.md).
 
 **Shards.** An iteration's B tasks are split into contiguous shards of whole tasks (a GRPO
 group never spans two shards). Each shard is one batched :meth:`Runner.collect
-<agents.runner.Runner.collect>` call with its own sampling seed, derived from the request's
+<agents.rollout.runner.Runner.collect>` call with its own sampling seed, derived from the request's
 seed and the shard's first task, and its own group numbering (``group_base`` + first task). A
 runner's collect is a function of its seeds, sampling seed, group base and weights, so the
 records of a shard do not depend on which process plays it: N workers reproduce the
@@ -16,11 +16,11 @@ take this process's) and weight memory layout (fp32 CPU kernels round by the wei
 alignment; workers load the model folder the way the trainer does and copy weights in place).
 
 **Ray workers** (:class:`RayCollector`). Each worker is a Ray actor holding a runner with its
-env pool and a copy of the policy (or a vLLM engine, :mod:`agents.vllm_client`); the model
+env pool and a copy of the policy (or a vLLM engine, :mod:`agents.engines.vllm_client`); the model
 folder is shipped once through the object store, so nodes need no shared filesystem, and
 weights go as numpy arrays (zero-copy reads from the object store; torch tensors were ~30x
 slower to put). A worker with a vLLM engine hands those arrays straight to its engine's model
-in memory (:meth:`agents.vllm_client.VLLMSampler.push_state`), without loading them into its
+in memory (:meth:`agents.engines.vllm_client.VLLMSampler.push_state`), without loading them into its
 own policy first. Records come back as :meth:`Trajectory.to_bytes
 <agents.record.Trajectory.to_bytes>` blobs, the project's lossless record format.
 
@@ -58,15 +58,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from agents.record import Trajectory, episode_stats
-from agents.runner import RolloutConfig, Runner
-from agents.seeds import shard_rng_seed
+from agents.rollout.runner import RolloutConfig, Runner
+from agents.rollout.seeds import shard_rng_seed
 
 logger = logging.getLogger(__name__)
 
 #: Timers summed over shards in a collect's stats.
 _TIMERS = ("generation_s", "env_s", "tokenization_s")
 #: The repository root (the folder holding ``agents/``): Ray workers import the project from it.
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- shards ------------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def state_to_numpy(model: Any) -> dict[str, np.ndarray]:
     merged, under the plain model's names."""
     import torch
 
-    from agents.lora import plain_state_dict
+    from agents.policies.lora import plain_state_dict
 
     out = {}
     for name, tensor in plain_state_dict(model).items():  # LoRA adapters merged in
@@ -215,7 +215,7 @@ def numpy_weights(state: dict[str, np.ndarray], *, skip_tied_head: bool = False)
 
 
 def _tied_head(model: Any) -> bool:
-    from agents.vllm_client import _tied
+    from agents.engines.vllm_client import _tied
 
     return _tied(model)
 
@@ -239,7 +239,7 @@ def write_folder(files: dict[str, bytes], path: str | os.PathLike) -> Path:
 @dataclass(frozen=True)
 class EngineOptions:
     """How a worker samples: ``"hf"`` (the policy's own sampler) or ``"vllm"`` (a vLLM engine
-    in its own process, :class:`agents.vllm_client.VLLMSampler`, with these settings)."""
+    in its own process, :class:`agents.engines.vllm_client.VLLMSampler`, with these settings)."""
 
     engine: str = "hf"
     """sampling engine of training rollouts: 'hf' (the policy's own sampler) or 'vllm' (a vLLM engine in its own process, weights pushed in memory after each update; text tasks and Qwen2-VL/Qwen2.5-VL image tasks)"""
@@ -261,7 +261,7 @@ class RolloutWorker:
 
     def __init__(self, model_files: dict[str, bytes], rollout: RolloutConfig, *, seed: int = 0,
                  threads: int | None = None, engine: EngineOptions | None = None) -> None:
-        from agents.policy import Policy, configure_threads
+        from agents.policies.policy import Policy, configure_threads
 
         configure_threads(threads)
         self.folder = Path(tempfile.mkdtemp(prefix="freshper-worker-"))
@@ -335,7 +335,7 @@ def worker_runtime_env() -> dict[str, Any]:
     """Workers import this checkout first (``PYTHONPATH``), find generated data where this
     process does (``FRESHPER_CACHE``: task corpora are built there once) and keep idle OpenMP
     threads asleep. Read when a worker starts, so a changed cache folder reaches new workers."""
-    from agents.tiny import default_cache_dir
+    from agents.policies.tiny import default_cache_dir
 
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {"env_vars": {"PYTHONPATH": path, "FRESHPER_CACHE": str(default_cache_dir().resolve()),
@@ -607,13 +607,13 @@ class RayCollector:
 
 def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, seed: int,
                  engine: EngineOptions, log_path: str | os.PathLike | None = None) -> Any:
-    """A :class:`agents.vllm_client.VLLMSampler` for ``policy`` with ``engine.vllm_args``:
+    """A :class:`agents.engines.vllm_client.VLLMSampler` for ``policy`` with ``engine.vllm_args``:
     the policy's EOS, its never-sampled vision tokens and its image sizing; a LoRA policy's
     adapters are served as adapters with ``"lora": "adapter"``, else pushed merged; with
     ``"colocate": true`` the engine's GPU share is what the learner's measured peak leaves
     (:func:`colocated_memory_share`) unless ``gpu_memory_utilization`` is given."""
-    from agents.lora import has_lora
-    from agents.vllm_client import VLLMSampler
+    from agents.policies.lora import has_lora
+    from agents.engines.vllm_client import VLLMSampler
 
     args = {"max_model_len": rollout.max_context_tokens, "seed": seed, "log_path": log_path, **engine.vllm_args}
     lora = args.pop("lora", "merged")
@@ -678,7 +678,7 @@ def build_collector(policy: Any, model_path: str | os.PathLike, rollout: Rollout
                     log_path: str | os.PathLike | None = None, worker_gpus: float = 0.0) -> Any:
     """What plays a trainer's B x G episodes, from its settings (``train.py`` calls this once):
 
-    - no workers, one shard, the policy's sampler: the plain :class:`~agents.runner.Runner`;
+    - no workers, one shard, the policy's sampler: the plain :class:`~agents.rollout.runner.Runner`;
     - no workers otherwise: a :class:`ShardedCollector` (in process; with a vLLM engine in its
       own process for ``engine="vllm"``, weights pushed when their version changes);
     - ``workers`` >= 1: a :class:`RayCollector`, synchronous or ``asynchronous``.

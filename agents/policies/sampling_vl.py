@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from agents.record import Generation
-from agents.sampling import DecodingModel, _new_cache, common_prefix_length, decode_rows, expand_unique
+from agents.policies.sampling import DecodingModel, _new_cache, common_prefix_length, decode_rows, expand_unique
 
 
 class VisionDecodingModel(DecodingModel, Protocol):
-    """What the vision sampler needs beyond the text one (:class:`agents.policy.Policy` is one)."""
+    """What the vision sampler needs beyond the text one (:class:`agents.policies.policy.Policy` is one)."""
 
     suppressed_ids: list[int]  # the vision special tokens, never sampled
 

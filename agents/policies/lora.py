@@ -9,7 +9,7 @@ bf16. The KL reference is the same model with its adapters switched off
 A LoRA policy saves the adapters alone, in peft's layout (``adapter_model.safetensors`` and
 ``adapter_config.json`` naming the base folder, plus the tokenizer/processor), so a checkpoint
 is megabytes and opens with peft's own ``PeftModel.from_pretrained`` too;
-:meth:`agents.policy.Policy.from_pretrained` recognises such a folder and loads base and
+:meth:`agents.policies.policy.Policy.from_pretrained` recognises such a folder and loads base and
 adapters. ``python -m agents.merge_lora CHECKPOINT OUT`` writes the merged full model.
 Rollout workers and engines that take pushed weights receive the merged weights
 (:func:`plain_state_dict`).

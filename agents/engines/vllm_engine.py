@@ -1,8 +1,8 @@
-"""The vLLM sampling engine: :meth:`agents.policy.Policy.generate`'s contract on vLLM, text and
+"""The vLLM sampling engine: :meth:`agents.policies.policy.Policy.generate`'s contract on vLLM, text and
 Qwen2-VL / Qwen2.5-VL images, with weights taken in memory from the trainer.
 
-This module runs inside the vLLM process (:mod:`agents.vllm_server`, started with the vLLM
-environment's python; the trainer talks to it through :class:`agents.vllm_client.VLLMSampler`),
+This module runs inside the vLLM process (:mod:`agents.engines.vllm_server`, started with the vLLM
+environment's python; the trainer talks to it through :class:`agents.engines.vllm_client.VLLMSampler`),
 because vLLM pins its own torch. It imports vLLM only when an engine is built, and nothing of
 the project but :mod:`agents.record`. :class:`WeightSyncWorker` is imported by vLLM's workers
 (``worker_extension_cls``), in whatever process they run.
@@ -104,7 +104,7 @@ class VLLMEngine:
         kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=int(max_model_len), seed=int(seed),
                       enforce_eager=bool(enforce_eager), enable_prefix_caching=bool(enable_prefix_caching),
                       logprobs_mode="processed_logprobs", generation_config="vllm",
-                      worker_extension_cls="agents.vllm_engine.WeightSyncWorker")
+                      worker_extension_cls="agents.engines.vllm_engine.WeightSyncWorker")
         if self.is_vision:
             kwargs["limit_mm_per_prompt"] = {"image": int(max_images), "video": 0}
         if lora_rank:
@@ -469,7 +469,7 @@ class WeightSyncWorker:
 
     def freshper_flat_positions(self) -> str:
         """Give the model 1-D rotary positions (``freshper_positions: flat``): every token at its
-        index, as :func:`agents.policy.flat_rope_index` does for the learner."""
+        index, as :func:`agents.policies.policy.flat_rope_index` does for the learner."""
         import torch
 
         model = self.model_runner.get_model()

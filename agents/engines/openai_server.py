@@ -1,14 +1,14 @@
 """A freshper checkpoint behind an OpenAI-compatible chat-completions endpoint.
 
-    python -m agents.openai_server --model runs/<run>/checkpoints/iter_000100/model [--port 8001]
-    python -m agents.openai_server --tiny text      # the embedded tiny model of a modality
+    python -m agents.engines.openai_server --model runs/<run>/checkpoints/iter_000100/model [--port 8001]
+    python -m agents.engines.openai_server --tiny text      # the embedded tiny model of a modality
 
 For evaluating a checkpoint with tools that speak the OpenAI API (``python -m agents.evaluate
 --base-url http://127.0.0.1:8001/v1 --model NAME``, any OpenAI client), on the CPU or wherever
 the policy loads. Prompts are rendered exactly as the runner renders them (the model's chat
-template through :class:`agents.chat.ChatRenderer`; earlier assistant turns re-encoded and
+template through :class:`agents.policies.chat.ChatRenderer`; earlier assistant turns re-encoded and
 closed with EOS), images come as PNG/JPEG data URLs, and replies are sampled by
-:meth:`agents.policy.Policy.generate`, one request at a time.
+:meth:`agents.policies.policy.Policy.generate`, one request at a time.
 
 Endpoints: ``GET /v1/models``; ``POST /v1/chat/completions`` with ``messages``, ``max_tokens``
 (or ``max_completion_tokens``), ``temperature`` (0: greedy), ``seed``, ``logprobs``, and vLLM's
@@ -231,7 +231,7 @@ class ChatServer(ThreadingHTTPServer):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.openai_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agents.engines.openai_server", description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--model", help="model folder (HF layout), e.g. a checkpoint's model/")
     group.add_argument("--tiny", choices=("text", "vision"), help="the embedded tiny model of a modality")
@@ -241,12 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from agents.policy import Policy, configure_threads
+    from agents.policies.policy import Policy, configure_threads
 
     configure_threads(args.threads)
     path = args.model
     if path is None:
-        from agents.tiny import build_tiny_model
+        from agents.policies.tiny import build_tiny_model
 
         path = str(build_tiny_model(args.tiny))
     server = ChatServer((args.host, args.port), ChatModel(Policy.from_pretrained(path), args.name or str(path)))

@@ -4,12 +4,12 @@ One class serves the tiny embedded defaults and real checkpoints (Qwen2.5-0.5B-I
 Qwen2.5-VL-3B-Instruct) loaded from a local folder. It does three things the runner and the
 learner need, and keeps them consistent with each other:
 
-- rendering: a chat message to token ids, *only the new message* (see :mod:`agents.chat`), with
+- rendering: a chat message to token ids, *only the new message* (see :mod:`agents.policies.chat`), with
   images expanded to their pad tokens by the processor;
 - sampling: one batched, KV-cached generation over left-padded prompts, returning the sampled
   ids and their log-probs ``log_softmax(logits / T)`` taken at sampling time (text models: the
-  hand-written loop of :mod:`agents.sampling`; Qwen2-VL / Qwen2.5-VL: the same loop with image
-  inputs and multimodal rope, :mod:`agents.sampling_vl`; other VLMs: HF ``generate``);
+  hand-written loop of :mod:`agents.policies.sampling`; Qwen2-VL / Qwen2.5-VL: the same loop with image
+  inputs and multimodal rope, :mod:`agents.policies.sampling_vl`; other VLMs: HF ``generate``);
 - scoring: :meth:`Policy.token_logprobs` recomputes those log-probs (differentiably) over
   right-padded records, so the learner's ratios start at exactly 1 for fresh data.
 
@@ -29,10 +29,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from agents import sampling_vl
-from agents.chat import ChatRenderer
+from agents.policies import sampling_vl
+from agents.policies.chat import ChatRenderer
 from agents.record import Generation, Sample
-from agents.sampling import TurnKVCache, sample_text
+from agents.policies.sampling import TurnKVCache, sample_text
 
 logger = logging.getLogger(__name__)
 
@@ -182,14 +182,14 @@ class Policy:
         for ``device``), ``compute_dtype`` the one forward passes run in (default: ``dtype``):
         a trained policy keeps fp32 weights and computes in bf16 under autocast.
         """
-        from agents.precision import resolve_dtype
+        from agents.policies.precision import resolve_dtype
 
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         compute_dtype = dtype if compute_dtype is None else resolve_dtype(compute_dtype, device)
         adapter = Path(str(path)) / "adapter_config.json"
         if adapter.is_file():
-            from agents.lora import load_adapter_policy
+            from agents.policies.lora import load_adapter_policy
 
             return load_adapter_policy(cls, Path(str(path)), device=device, dtype=dtype, compute_dtype=compute_dtype)
         # Recent transformers swap layers for kernels fetched from the hub when a model loads on
@@ -225,7 +225,7 @@ class Policy:
         with LoRA adapters writes the adapters alone, naming its base). The checkpoint's own
         generation config is written, not the neutral one sampling uses."""
         path = Path(path)
-        from agents.lora import has_lora, save_adapter
+        from agents.policies.lora import has_lora, save_adapter
 
         if has_lora(self.model):
             return save_adapter(self, path)
@@ -249,7 +249,7 @@ class Policy:
     def autocast(self):
         """The context forward passes run in: autocast to :attr:`compute_dtype` where it differs
         from the weights' dtype (mixed precision), else nothing."""
-        from agents.precision import autocast
+        from agents.policies.precision import autocast
 
         weights = next(self.model.parameters()).dtype
         return autocast(self.device, self.compute_dtype if self.compute_dtype != weights else torch.float32)

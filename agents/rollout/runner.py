@@ -1,7 +1,7 @@
 """The batched rollout runner: B tasks x G rollouts, one batched generation per turn.
 
 Each episode keeps its token view as pieces that are only ever appended to: the ids of each
-user message rendered alone (:mod:`agents.chat`) and the ids the model sampled. A prompt is a
+user message rendered alone (:mod:`agents.policies.chat`) and the ids the model sampled. A prompt is a
 concatenation of those pieces, so nothing is re-tokenized and the learner trains on exactly the
 sampled ids. Context modes (docs/design.md#the-trajectory-record-agentsrecordpy, "Context modes"):
 
@@ -25,10 +25,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from agents.policy import Policy
+from agents.policies.policy import Policy
 from agents.record import Generation, Sample, Trajectory, Turn, episode_stats
-from agents.sampling import TurnKVCache
-from agents.seeds import counter_seed
+from agents.policies.sampling import TurnKVCache
+from agents.rollout.seeds import counter_seed
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +36,9 @@ ReplyFn = Callable[[dict, dict, Any], str]
 
 
 class Sampler(Protocol):
-    """What generates the replies of a turn: :meth:`agents.policy.Policy.generate`'s contract
+    """What generates the replies of a turn: :meth:`agents.policies.policy.Policy.generate`'s contract
     (prompt ids in; sampled ids, behaviour log-probs and whether EOS ended them out). The
-    policy itself is the default; :class:`agents.vllm_client.VLLMSampler` is another."""
+    policy itself is the default; :class:`agents.engines.vllm_client.VLLMSampler` is another."""
 
     def generate(self, prompts: Sequence[Sequence[int]], images: Sequence[Sequence[np.ndarray]] | None = None, *,
                  max_new_tokens: int = 32, temperature: float = 1.0, greedy: bool = False,
