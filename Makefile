@@ -66,11 +66,11 @@ $(BROWSER_STAMP): $(STAMP)
 test-view: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null 2>&1 || [ -n "$$FRESHPER_CHROMIUM" ] || \
 		{ echo "make test-view needs Chromium: apt-get install chromium (or set FRESHPER_CHROMIUM=/path/to/chrome)"; exit 2; }
-	$(PY) -m pytest -q tests/test_view_browser.py --browser $(ARGS)
+	$(PY) -m pytest -q tests/agents/test_view_browser.py --browser $(ARGS)
 
 # The same tests, writing the screenshots docs/view.md shows.
 view-screenshots: $(BROWSER_STAMP)
-	$(PY) -m pytest -q tests/test_view_browser.py --browser --screenshots docs/img $(ARGS)
+	$(PY) -m pytest -q tests/agents/test_view_browser.py --browser --screenshots docs/img $(ARGS)
 
 # Browse the runs in runs/ at http://127.0.0.1:8765
 view: setup
@@ -79,13 +79,13 @@ view: setup
 # The sharded learner with real processes: torchrun --nproc_per_node 2, FSDP2 over gloo, also
 # driving Ray rollout workers (~3 min).
 test-dist: setup-ray
-	$(PY) -m pytest -q tests/test_sharded_learner.py --distributed $(ARGS)
+	$(PY) -m pytest -q tests/learner/test_sharded_learner.py --distributed $(ARGS)
 
 test-ray: setup-ray
-	$(PY) -m pytest -q tests/test_ray.py $(ARGS)
+	$(PY) -m pytest -q tests/agents/test_ray.py $(ARGS)
 
 test-vllm: setup-ray vllm-venv
-	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/test_vllm.py tests/test_vllm_conformance.py tests/test_vllm_openai.py $(ARGS)
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/agents/test_vllm.py tests/agents/test_vllm_conformance.py tests/agents/test_vllm_openai.py $(ARGS)
 
 # Weight-sync seconds (in memory vs files) and rollout tokens/s (vLLM vs the project's sampler);
 # docs/scaling.md, "The vLLM engine". ARGS="--sizes 0.5b" for the smaller model only.

@@ -2,7 +2,7 @@
 # A GPU machine's check of `--device cuda`, in one go (about 9 minutes on one H200):
 #   1. `make train`'s default run on the GPU, SEEDS side by side (each process its own CUDA
 #      context; pretraining included), stopped at RUN_SECONDS if not done;
-#   2. meanwhile tests/test_cuda.py (sampler and learner agree on the GPU, GPU log-probs match
+#   2. meanwhile tests/learner/test_cuda.py (sampler and learner agree on the GPU, GPU log-probs match
 #      the CPU's, text and image tasks train with replay, a GPU checkpoint resumes on the CPU);
 #   3. then benchmarks/device_bench.py: pretraining step and RL iteration times, CPU and GPU side
 #      by side.
@@ -35,7 +35,7 @@ for s in $SEEDS; do
   timeout "$RUN_SECONDS" $PY train.py --device "$DEVICE" --seed "$s" --iterations "$ITERATIONS" --threads 2 --update-threads 2 \
     --runs-root runs/device_check --run-name "gpu_s$s" --no-progress > "runs/device_check/gpu_s$s.log" 2>&1 &
 done
-timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$OUTDIR/pytest_cuda.txt" 2>&1
+timeout 300 $PY -m pytest -q -p no:cacheprovider tests/learner/test_cuda.py > "$OUTDIR/pytest_cuda.txt" 2>&1
 echo "pytest rc $? after $(( $(date +%s) - start )) s" >> "$OUTDIR/versions.txt"
 wait
 echo "runs done after $(( $(date +%s) - start )) s" >> "$OUTDIR/versions.txt"

@@ -23,7 +23,7 @@ import envs  # noqa: F401  (registers freshper/SearchQA-v0)
 from envs.search import BM25Retriever, HTTPRetriever, Passage, RetrievalError, SearchQAEnv
 from envs.search.server import Limits, RetrievalServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("search_cache")
 
 

@@ -20,7 +20,7 @@ from envs.play import main as play_main
 from envs.play import play
 
 rg = pytest.importorskip("reasoning_gym")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_seeded_reset_picks_the_generators_problem_and_its_score_is_the_reward() -> None:

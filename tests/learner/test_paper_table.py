@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4", "--pretrain-steps", "0",
         "--final-eval-episodes", "4", "--eval-every", "1", "--eval-episodes", "2", "--no-eval-both",
         "--no-diagnostics", "--no-tensorboard", "--replay-batch", "4", "--threads", "1"]

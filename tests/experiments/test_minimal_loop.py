@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 SCRIPTS = {"minimal_loop": "experiments/minimal_loop", "credit_snr": "experiments/board_reading"}

@@ -17,7 +17,7 @@ import pytest
 
 from envs.search import BM25Retriever, HTTPRetriever, RetrievalError, SearchQAEnv, kb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

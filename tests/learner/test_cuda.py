@@ -1,7 +1,7 @@
 """``--device cuda``: the policy, its pretraining, its updates and its checkpoints on a GPU.
 
 Skipped where torch sees no CUDA device (CI's machines); run on a GPU machine with
-``python -m pytest -q tests/test_cuda.py``. What they check: the sampler and the learner agree
+``python -m pytest -q tests/learner/test_cuda.py``. What they check: the sampler and the learner agree
 on the GPU as they do on the CPU (the on-policy update's gap between stored and recomputed
 log-probs), the GPU's log-probs match the CPU's for the same weights and tokens, text and image
 tasks train end to end with replay, and a run checkpointed on the GPU resumes on the CPU.

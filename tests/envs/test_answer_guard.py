@@ -22,7 +22,7 @@ from envs.answer_guard import UnsafeAnswer, check_expression, guarded
 rg = pytest.importorskip("reasoning_gym")
 from envs import reasoning  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: Answers that ran code before the guard: each tries to leave a file behind ({marker}).
 HOSTILE = [

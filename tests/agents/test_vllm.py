@@ -12,7 +12,7 @@ of vLLM and sets ``FRESHPER_VLLM_PYTHON``; skipped otherwise).
   on-policy re-check; a Ray rollout worker samples with its own vLLM engine, whose weights go
   from the object store into the engine in memory.
 
-tests/test_vllm_conformance.py holds the drift conformance test (text and image episodes
+tests/agents/test_vllm_conformance.py holds the drift conformance test (text and image episodes
 re-scored by the learner, turn by turn).
 """
 

@@ -18,8 +18,8 @@ import envs
 from envs import registry
 from envs.__main__ import list_tasks
 
-REPO = Path(__file__).resolve().parents[1]
-PLUGIN_SRC = Path(__file__).parent / "fixtures" / "freshper_demo_plugin"
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "fixtures" / "freshper_demo_plugin"
 BUILTIN_IDS = ["freshper/FrozenLake-v0", "freshper/FrozenLakeVision-v0", "freshper/Sokoban-v0", "freshper/SokobanVision-v0"]
 
 

@@ -22,7 +22,7 @@ import envs
 from envs.remote import RemoteEnvError
 from envs.serve import Limits, make_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAKE = "freshper/FrozenLake-v0"
 
 

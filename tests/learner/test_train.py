@@ -25,7 +25,7 @@ from learner.loss import LossConfig
 from learner.update import policy_update
 from learner.report import compare_runs, read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: Tiny, fast, deterministic settings (B=2, G=2, short replies, tiny evaluations).
 TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, eval_every=2, eval_episodes=2,

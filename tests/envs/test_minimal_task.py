@@ -24,7 +24,7 @@ import envs
 import envs.play
 from envs import capabilities
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "minimal_task.py"
 TASK = "examples/CopyDigit-v0"
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 #: Gradients of the 2-process update equal the 1-process ones to float32 summation order.
 GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-4

@@ -16,7 +16,7 @@ import train
 from learner.checkpoint import list_checkpoints
 from learner.report import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 6
 FLAGS = [
     "--iterations", str(ITERATIONS), "--tasks-per-iter", "2", "--group-size", "4", "--max-new-tokens", "4",

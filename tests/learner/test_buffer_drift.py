@@ -11,7 +11,7 @@ import pytest
 import learner.run
 from learner.config import make_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = dict(tasks_per_iter=4, group_size=4, max_new_tokens=8, pretrain_steps=30, pretrain_batch=8, eval_every=0, eval_episodes=2,
             final_eval_episodes=2, progress=False, tensorboard=False, threads=1, eval_both=False, diagnostics=False,
             iterations=4, replay="fresh", replay_batch=8, replay_ratio=1, buffer_capacity=64, checkpoint_every=4,

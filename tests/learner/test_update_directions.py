@@ -14,7 +14,7 @@ import learner.run
 from learner.config import make_config
 from learner.checkpoint import list_checkpoints
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = dict(tasks_per_iter=4, group_size=4, max_new_tokens=8, pretrain_steps=30, pretrain_batch=8, eval_every=0, eval_episodes=2,
             final_eval_episodes=2, progress=False, tensorboard=False, threads=1)
 
