@@ -197,3 +197,13 @@ def test_importing_train_or_any_package_module_runs_nothing() -> None:
     assert found["stat"] == [] and found["threads"] == [] and changed == [], found
     essential = [m for m in found["skipped"] if m == "train" or m.startswith(("learner", "replay"))]
     assert not essential, {m: found["skipped"][m] for m in essential}
+
+
+def test_tests_are_mirrored_by_package() -> None:
+    """A package's tests live in its folder under tests/ (a research probe's under
+    tests/experiments/); only the whole-repository checks and conftest.py sit at the top."""
+    top = sorted(p.name for p in (REPO / "tests").glob("*.py"))
+    assert top == ["conftest.py", "test_docs_links.py", "test_layering.py"], top
+    folders = {p.parent.relative_to(REPO / "tests").parts[0] for p in (REPO / "tests").rglob("test_*.py")
+               if p.parent != REPO / "tests" and "fixtures" not in p.parts}
+    assert folders == {*LAYERS, "experiments"}, folders
