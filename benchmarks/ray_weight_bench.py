@@ -7,10 +7,12 @@ the vLLM engine's in-memory sync does).
     .venv/bin/python -m benchmarks.ray_weight_bench                      # embedded, 0.5B fp32, 0.5B bf16
     .venv/bin/python -m benchmarks.ray_weight_bench --models tiny --repeats 5
 
-Each model is the state dict of its published config (random values; ``tiny`` is the embedded
-model itself) in the dtype the learner keeps on that device (fp32 on CPUs; bf16 is what a GPU
-learner's compute copy would send). ``--workers`` Ray actors (1 CPU each) hold tensors of those
-shapes; a publish is timed from the driver's first byte to every worker holding the new values
+Each model is built from its published config (random values; ``tiny`` is the embedded model)
+in the dtype the learner keeps on that device (fp32 on CPUs; bf16 is what a GPU learner's
+compute copy would send). ``--workers`` Ray actors (1 CPU each) hold the same model; the object
+store way is the project's own (``state_to_numpy`` in, ``load_numpy_state`` out, as
+``RayCollector.publish`` and a worker's ``set_weights``), the collective sends each distinct
+tensor once (a tied head is its embedding). A publish is timed from the driver's first byte to every worker holding the new values
 (checked by a checksum against the driver's), the two ways taking turns ``--repeats`` times;
 median seconds per publish and the ratio collective / object store are printed side by side.
 Results: docs/scaling.md, "Weights to Ray workers".
@@ -34,32 +36,45 @@ MODELS = {"tiny": ("tiny", torch.float32), "0.5b-fp32": ("qwen2.5-0.5b", torch.f
           "0.5b-bf16": ("qwen2.5-0.5b", torch.bfloat16)}
 
 
-def shapes_of(model: str) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every tensor of ``model``'s state dict, without allocating it."""
+def build(model: str, dtype: torch.dtype, seed: int | None = None) -> torch.nn.Module:
+    """``model`` (the embedded one, or a published config via ``benchmarks.real_scale``) in
+    ``dtype``: random values from ``seed``, zeros without one (a worker before its first publish)."""
     if model == "tiny":
         from agents.policies.policy import Policy
         from agents.policies.tiny import build_tiny_model
 
-        return [(k, tuple(v.shape)) for k, v in Policy.from_pretrained(build_tiny_model("text")).model.state_dict().items()]
-    from benchmarks.real_scale import build_model
+        net = Policy.from_pretrained(build_tiny_model("text")).model
+    else:
+        from benchmarks.real_scale import build_model
 
-    with torch.device("meta"):
-        net = build_model(model)
-    return [(k, tuple(v.shape)) for k, v in net.state_dict().items() if not k.endswith("lm_head.weight")
-            or not net.config.get_text_config().tie_word_embeddings]
+        with torch.device("meta"):
+            net = build_model(model)
+        net = net.to_empty(device="cpu")
+        net.tie_weights()  # to_empty gives the tied head a tensor of its own
+    net = net.to(dtype).requires_grad_(False)
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    for p in net.parameters():
+        p.normal_(generator=gen) if gen is not None else p.zero_()
+    for b in net.buffers():  # rotary tables and the like: the same on both sides
+        b.zero_()
+    return net
 
 
-def checksum(tensors: list[torch.Tensor]) -> float:
-    return float(sum(t.float().sum().item() for t in tensors))
+def distinct(net: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's tensors, each once (a tied head is its embedding), in state-dict order."""
+    return list({t.data_ptr(): t for t in net.state_dict().values()}.values())
+
+
+def checksum(net: torch.nn.Module) -> float:
+    return float(sum(t.float().sum().item() for t in distinct(net)))
 
 
 class Receiver:
-    """One rollout worker's copy of the weights (its model's tensors, in place)."""
+    """One rollout worker's copy of the model, taking published weights in place."""
 
-    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], dtype: str) -> None:
+    def __init__(self, model: str, dtype: str) -> None:
         torch.set_num_threads(1)
-        self.names = [n for n, _ in shapes]
-        self.tensors = [torch.zeros(s, dtype=getattr(torch, dtype)) for _, s in shapes]
+        self.net = build(model, getattr(torch, dtype))
         self.group = None
 
     def join(self, host: str, port: int, world: int, rank: int) -> bool:
@@ -71,22 +86,15 @@ class Receiver:
     def receive(self) -> float:
         from agents.engines.vllm_engine import broadcast
 
-        for t in self.tensors:
+        for t in distinct(self.net):
             broadcast(self.group, t)
-        return checksum(self.tensors)
+        return checksum(self.net)
 
     def take(self, state: dict[str, np.ndarray]) -> float:
-        with torch.no_grad():
-            for name, t in zip(self.names, self.tensors):
-                arr = state[name]
-                src = torch.from_numpy(arr)
-                t.copy_(src.view(torch.bfloat16) if t.dtype == torch.bfloat16 else src)
-        return checksum(self.tensors)
+        from agents.rollout.distributed import load_numpy_state
 
-
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """What ``agents.rollout.distributed.state_to_numpy`` puts in the object store (bf16 as its int16 bits)."""
-    return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+        load_numpy_state(self.net, state)  # what a Ray rollout worker's set_weights does
+        return checksum(self.net)
 
 
 def free_port() -> int:
@@ -98,16 +106,15 @@ def free_port() -> int:
 def bench(model: str, args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from agents.rollout.distributed import worker_runtime_env
+    from agents.rollout.distributed import state_to_numpy, worker_runtime_env
     from agents.engines.vllm_engine import broadcast, new_group
 
     name, dtype = MODELS[model]
-    shapes = shapes_of(name)
-    gen = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(s, generator=gen).to(dtype) for _, s in shapes]
+    net = build(name, dtype, seed=0)
+    tensors = distinct(net)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     actor = ray.remote(num_cpus=1)(Receiver).options(runtime_env=worker_runtime_env())
-    workers = [actor.remote(shapes, str(dtype).removeprefix("torch.")) for _ in range(args.workers)]
+    workers = [actor.remote(name, str(dtype).removeprefix("torch.")) for _ in range(args.workers)]
     port = free_port()
     joined = [w.join.remote("127.0.0.1", port, args.workers + 1, r + 1) for r, w in enumerate(workers)]
     store, group = new_group("127.0.0.1", port, args.workers + 1, 0, "gloo", 600.0, None)
@@ -117,11 +124,11 @@ def bench(model: str, args: argparse.Namespace) -> dict[str, Any]:
         with torch.no_grad():  # new weights each publish, as after an update
             for t in tensors:
                 t.add_(1e-3)
-        want = checksum(tensors)
+        want = checksum(net)
         for way in (("object store", "collective") if k % 2 == 0 else ("collective", "object store")):
             t0 = time.perf_counter()
             if way == "object store":
-                ref = ray.put({n: as_numpy(t) for (n, _), t in zip(shapes, tensors)})
+                ref = ray.put(state_to_numpy(net))  # what RayCollector.publish puts
                 got = ray.get([w.take.remote(ref) for w in workers])
                 del ref
             else:
@@ -135,7 +142,7 @@ def bench(model: str, args: argparse.Namespace) -> dict[str, Any]:
         ray.kill(w)
     del group, store
     med = {way: statistics.median(v) for way, v in times.items()}
-    return {"model": model, "tensors": len(shapes), "bytes": nbytes, **med, "times": times,
+    return {"model": model, "tensors": len(tensors), "bytes": nbytes, **med, "times": times,
             "ratio": med["collective"] / med["object store"]}
 
 

@@ -63,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         from learner.loss import LossConfig
         from learner.update import policy_update
-        from agents.policies.policy import Policy as _P
 
-        ref = _P.from_pretrained(build_tiny_model("text"))
+        ref = Policy.from_pretrained(build_tiny_model("text"))
         ref.model.requires_grad_(False)
         optimizer = torch.optim.Adam(policy.model.parameters(), lr=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
