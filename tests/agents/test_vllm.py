@@ -35,6 +35,12 @@ from agents.record import Sample  # noqa: E402
 from agents.rollout.runner import RolloutConfig  # noqa: E402
 from agents.policies.tiny import build_tiny_model  # noqa: E402
 
+#: train.py flags of the tiny end-to-end runs with the engine: 3 iterations, a learning rate that
+#: moves the weights, so each update's push shows in the next rollouts.
+TRAIN_TINY = ["--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
+              "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
+              "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--lr", "1e-2"]
+
 LAKE = "freshper/FrozenLake-v0"
 
 
@@ -270,9 +276,7 @@ def test_train_py_with_the_vllm_engine_trains_and_its_records_pass_the_recheck(t
     from learner.report import read_metrics
 
     argv = ["--runs-root", str(tmp_path), "--run-name", "v", "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
-            "--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
-            "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
-            "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--lr", "1e-2"]
+            *TRAIN_TINY]
     assert train.main(argv) == 0
     rows = [r for r in read_metrics(tmp_path / "v" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(rows) == 3 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in rows)
@@ -294,10 +298,7 @@ def test_the_sharded_learner_under_torchrun_samples_with_vllm(tmp_path) -> None:
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(repo)}
     argv = ["--runs-root", str(tmp_path), "--run-name", "dv", "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
-            "--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
-            "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
-            "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--update-threads", "1",
-            "--lr", "1e-2"]
+            *TRAIN_TINY, "--update-threads", "1"]
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "train.py", *argv], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
@@ -329,10 +330,7 @@ def test_train_py_with_the_vllm_engine_trains_an_image_task(tmp_path) -> None:
     from learner.report import read_metrics
 
     argv = ["--runs-root", str(tmp_path), "--run-name", "vv", "--env-id", "freshper/FrozenLakeVision-v0",
-            "--engine", "vllm", "--vllm-python", VLLM_PYTHON, "--context", "full",
-            "--iterations", "3", "--tasks-per-iter", "2", "--group-size", "2", "--max-new-tokens", "4",
-            "--pretrain-steps", "0", "--eval-every", "0", "--final-eval-episodes", "2", "--no-eval-both",
-            "--no-diagnostics", "--no-progress", "--no-tensorboard", "--threads", "1", "--lr", "1e-2"]
+            "--engine", "vllm", "--vllm-python", VLLM_PYTHON, "--context", "full", *TRAIN_TINY]
     assert train.main(argv) == 0
     rows = [r for r in read_metrics(tmp_path / "vv" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(rows) == 3 and all(math.isfinite(r["loss"]) and r["skipped"] == 0.0 for r in rows)
