@@ -51,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sharded:  # torchrun: rank 0 runs the job, the other ranks serve its updates
             cfg.model.device = str(distributed.init(cfg.model.device))
             if distributed.rank() != 0:
-                return serve_rank(cfg)
+                code = serve_rank(cfg)
+                distributed.finish()
+                distributed.exit_serving_rank(code)
             if cfg.pretrains_given_model():
                 raise ValueError("pretraining a --model runs in one process: pretrain it in a run without torchrun, "
                                  "then train its checkpoint's model folder under torchrun")

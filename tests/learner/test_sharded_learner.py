@@ -150,3 +150,12 @@ def test_a_two_process_run_with_ray_rollout_workers_trains_as_with_in_process_sh
     a = load_file(str(list_checkpoints(tmp_path / "ray" / "checkpoints")[-1] / "model" / "model.safetensors"))
     b = load_file(str(list_checkpoints(tmp_path / "local" / "checkpoints")[-1] / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_serving_rank_leaves_with_its_code_and_its_output_flushed() -> None:
+    # Piped stdout is block-buffered: without the flush the line would be lost with os._exit.
+    code = ("import atexit, sys; from learner.distributed import exit_serving_rank; "
+            "atexit.register(lambda: print('finalized')); print('served', end=''); exit_serving_rank(3)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stdout) == (3, "served"), done.stderr  # no interpreter finalization: no atexit
