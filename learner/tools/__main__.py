@@ -24,6 +24,7 @@ TOOLS = {
     "update-directions": ("update_directions", "how a run's weights moved between consecutive checkpoints"),
     "policy-probe": ("policy_probe", "what a saved model's moves depend on (the policy diagnostics)"),
     "random-baselines": ("random_baselines", "scores of policies that read nothing, on the held-out tasks"),
+    "archive": ("archive", "pack finished runs into light folders (docs/data's form) the tools read as they are"),
 }
 
 
