@@ -35,7 +35,7 @@ import gc
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -282,22 +282,40 @@ def run_update(learner, message: dict[str, Any]) -> dict[str, Any]:
     return learner.update_fn(trajs, weights, ages, on_policy, Shard(rank(), world_size()))
 
 
+def stream_state(policy, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """The sharded model's weights one tensor at a time, each gathered whole on every rank (a
+    collective per tensor: every rank must walk the same stream to its end), in the keys and
+    order of :func:`full_state`. A rank holds one gathered tensor at a time, never the model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    shards = get_model_state_dict(policy.model, options=StateDictOptions(ignore_frozen_params=trainable_only))
+    for key, value in shards.items():
+        yield key, (value.full_tensor() if isinstance(value, DTensor) else value)
+
+
 def gather_into(policy, sampler) -> None:
-    """The collective weight gather; on rank 0 the weights land in ``sampler``'s model."""
+    """The collective weight gather, tensor by tensor; on rank 0 each lands in ``sampler``'s
+    model (cast to its dtype) as it arrives."""
     from agents.policies.lora import has_lora
 
     lora = has_lora(policy.model)
-    state = full_state(policy, trainable_only=lora)
-    if sampler is None or rank() != 0:
-        return
+    own = sampler.model.state_dict() if sampler is not None and rank() == 0 else None
+    seen: set[str] = set()
+    strange: list[str] = []
     with torch.no_grad():
-        own = sampler.model.state_dict()
-        for key, value in state.items():
-            if key not in own:
-                raise KeyError(f"the sampler has no tensor {key!r}")
-            own[key].copy_(value)
-    if not lora:
-        missing = set(own) - set(state)
+        for key, value in stream_state(policy, trainable_only=lora):
+            if own is None:
+                continue  # the other ranks take part in each gather only
+            if key in own:
+                own[key].copy_(value)
+                seen.add(key)
+            else:
+                strange.append(key)  # said after the stream: the other ranks walk it to its end
+    if strange:
+        raise KeyError(f"the sampler has no tensor {strange[0]!r} ({len(strange)} such)")
+    if own is not None and not lora:
+        missing = set(own) - seen
         tied = {k for k in missing if "lm_head" in k}
         if missing - tied:
             raise KeyError(f"the gathered weights lack {sorted(missing - tied)[:3]}")

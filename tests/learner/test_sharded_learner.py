@@ -79,6 +79,8 @@ def test_the_first_sharded_update_equals_the_one_process_update_on_the_same_batc
     assert grads.keys() == sharded["grads"].keys()
     for key, grad in grads.items():
         torch.testing.assert_close(sharded["grads"][key], grad, atol=GRAD_ATOL, rtol=GRAD_RTOL, msg=key)
+    # gather_into's tensor-by-tensor stream lands every weight in rank 0's copy, as the whole state has it
+    assert sharded["gathered_equal"] == sharded["whole"] and len(sharded["whole"]) >= len(grads)
 
 
 TRAIN = ["train.py", "--tasks-per-iter", "2", "--group-size", "4", "--max-new-tokens", "4", "--pretrain-steps", "20",
