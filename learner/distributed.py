@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import gc
 import os
 import sys
 from pathlib import Path
@@ -353,20 +352,16 @@ def finish() -> None:
         broadcast(("abort", None))
     elif rank() == 0 and _phase == "started":
         broadcast(("stop", None))
-    # What holds the group's resources (sharded modules, optimizer state, finished work) can sit
-    # in reference cycles; collected only at interpreter exit, a thread of the group may then
-    # take the GIL of a finalizing interpreter and abort the process ("terminate called without
-    # an active exception"). Collect it while the interpreter and the group are both alive.
-    gc.collect()
     dist.destroy_process_group()
-    gc.collect()
 
 
 def exit_serving_rank(code: int) -> NoReturn:
     """End a non-zero rank after :func:`finish`: flush its output and leave without
-    interpreter finalization, as a forked worker does (``os._exit``), so no C++ thread of the
-    process group can run into a finalizing interpreter. The rank owns no files, trackers or
-    child processes: what it writes (its checkpoint shards) is complete when ``save`` returns."""
+    interpreter finalization, as a forked worker does (``os._exit``). The group's threads
+    outlive ``destroy_process_group`` (torch's DTensor caches keep the group alive), and one
+    taking the GIL of a finalizing interpreter aborts a finished job ("terminate called without
+    an active exception"). The rank owns no files, trackers or child processes: what it writes
+    (its checkpoint shards) is complete when ``save`` returns."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

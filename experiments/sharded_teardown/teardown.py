@@ -1,14 +1,17 @@
 """One short sharded job that ends the way ``train.py``'s does, run under torchrun: FSDP2 over
 gloo on a 3-block model, three Adam steps, a sharded checkpoint, rank 0's start and stop
-broadcasts, then leaving the group. ``old``: plain ``destroy_process_group`` and a normal
-interpreter exit on every rank; ``new``: ``learner.distributed.finish`` and
-``exit_serving_rank`` on the non-zero ranks, as ``train.py`` ends now.
+broadcasts, then leaving the group. ``old``: ``destroy_process_group`` and a normal interpreter
+exit on every rank; ``new``: ``learner.distributed.finish`` and ``exit_serving_rank`` on the
+non-zero ranks, as ``train.py`` ends now; ``threads``: the old ending, printing each rank's
+threads and the references to its process group after ``destroy_process_group``.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 experiments/sharded_teardown/teardown.py new /tmp/ck
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 from pathlib import Path
 
@@ -63,8 +66,14 @@ def main(mode: str, checkpoint: str) -> int:
         distributed.broadcast()
         distributed.broadcast()
     del policy, optimizer
-    if mode == "old":
+    if mode in ("old", "threads"):
+        group = torch.distributed.distributed_c10d._get_default_group()
         torch.distributed.destroy_process_group()
+        if mode == "threads":
+            gc.collect()
+            names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+            print(f"rank {rank}: {len(names)} threads after destroy_process_group: {', '.join(names)}; "
+                  f"{sys.getrefcount(group) - 2} other references to the group", flush=True)
         return 0
     distributed.finish()  # rank 0 has broadcast its stop: finish only leaves the group
     if rank != 0:
