@@ -87,8 +87,9 @@ def archive_run(run: Path, dest: Path, episodes: bool = False) -> int:
     if not (run / "metrics.jsonl").is_file() and not (run / "metrics.jsonl.gz").is_file():
         raise FileNotFoundError(f"{run} holds no metrics.jsonl (or .gz): not a run folder")
     rows = read_metrics(run / "metrics.jsonl")
+    in_place = dest.resolve() == run.resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    if dest.resolve() != run.resolve():
+    if not in_place:
         for path in sorted(run.iterdir()):
             if path.is_file() and (path.name in KEPT or path.name.startswith("summary_")):
                 shutil.copy2(path, dest / path.name)
@@ -96,7 +97,7 @@ def archive_run(run: Path, dest: Path, episodes: bool = False) -> int:
         if episodes and final.is_file():
             write_gzip(final.read_bytes(), dest / "eval" / "final" / "records.jsonl.gz")
     write_gzip(pack_metrics(rows), dest / "metrics.jsonl.gz")
-    if dest.resolve() == run.resolve():
+    if in_place:
         (run / "metrics.jsonl").unlink(missing_ok=True)  # the archive holds it now
     return sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             size = archive_run(run, dest, episodes=args.episodes)
-        except (FileNotFoundError, OSError) as exc:
+        except OSError as exc:  # FileNotFoundError (not a run folder) included
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"{dest}: {size / 1e3:,.0f} kB")
