@@ -32,6 +32,11 @@ what a task declares or implements         what it is for / the default
 ``format_reply(action)``                   ``<answer>action</answer>``
 ``describe_action(reply)``                 the answer tag's content
 ``before_batch_step(envs, replies)``       class method; nothing
+``client_kwargs`` (class attribute)        the keyword arguments a client of the served task
+                                           may set, each with its bounds (``ClientKwarg``);
+                                           none
+``server_kwargs`` (class attribute)        keyword arguments no client may set, even on a
+                                           server that allows client kwargs; none
 =========================================  ==================================================
 
 What a task may add for pretraining, the embedded model's tokenizer and diagnostics (a
@@ -43,6 +48,9 @@ checks for it there.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Sequence
 
 import gymnasium as gym
@@ -77,6 +85,63 @@ def extract_tag(reply: str, tag: str = "answer") -> str | None:
     if open_ < 0:
         return None
     return reply[open_ + len(tag) + 2 : close].strip()
+
+
+@dataclass(frozen=True)
+class ClientKwarg:
+    """A task keyword argument that a client of the served task (``python -m envs.serve``) may
+    set, and the bounds the server checks before it builds the env: a client controls no more
+    work than these bounds allow (a board's size, the turns of an episode, a text's length).
+
+    ``kind`` is ``bool``, ``int``, ``float`` or ``str``; numbers lie in ``[low, high]``, strings
+    have at most ``max_chars`` characters, and with ``choices`` the value is one of them.
+    """
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] | None = None
+    max_chars: int = 256
+
+    def check(self, name: str, value: Any) -> Any:
+        """``value`` as the task receives it, or ``ValueError`` saying what is allowed."""
+        if self.kind is bool:
+            ok = isinstance(value, bool)
+        elif self.kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif self.kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            value = float(value) if ok else value
+        elif self.kind is str:
+            ok = isinstance(value, str) and len(value) <= self.max_chars
+        else:
+            ok = False
+        if not ok:
+            what = f"a string of at most {self.max_chars} characters" if self.kind is str else \
+                f"a finite {self.kind.__name__}" if self.kind is float else f"a {self.kind.__name__}"
+            raise ValueError(f"{name} must be {what}, got {_short(value)}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{name} must be one of {list(self.choices)}, got {_short(value)}")
+        if self.kind in (int, float) and ((self.low is not None and value < self.low)
+                                          or (self.high is not None and value > self.high)):
+            raise ValueError(f"{name} must lie in [{self.low:g}, {self.high:g}], got {_short(value)}")
+        return value
+
+
+def _short(value: Any, n: int = 60) -> str:
+    if isinstance(value, int) and value.bit_length() > 100:  # repr of a huge int is slow, or refused
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= n else text[:n] + "..."
+
+
+#: What a client may set on most tasks: the episode's length, the feedback lines, the penalty
+#: of an invalid reply.
+COMMON_CLIENT_KWARGS: Mapping[str, ClientKwarg] = {
+    "max_turns": ClientKwarg(int, 1, 200),
+    "feedback": ClientKwarg(bool),
+    "format_penalty": ClientKwarg(float, -1.0, 0.0),
+}
 
 
 class MultiTurnEnv(gym.Env[dict, str]):
@@ -115,6 +180,18 @@ class MultiTurnEnv(gym.Env[dict, str]):
     markov_state: ClassVar[bool] = False
     #: Shape of the observed image for vision tasks; subclasses set it in ``__init__``.
     image_shape: tuple[int, int, int] | None = None
+    #: The keyword arguments a client of the served task may set (``python -m envs.serve``),
+    #: each with the bounds the server enforces (:class:`ClientKwarg`). Any other is refused
+    #: unless the server was started with ``--allow-client-kwargs``. None: clients play the
+    #: task with the server's kwargs.
+    client_kwargs: ClassVar[Mapping[str, ClientKwarg]] = {}
+    #: Keyword arguments only the server's operator may set, never a client (not even on a
+    #: server that allows client kwargs): those that would move work into the server's own
+    #: process or lift its limits.
+    server_kwargs: ClassVar[frozenset[str]] = frozenset()
+    #: Keyword arguments a server applies beneath its own when it serves the task (e.g. where
+    #: answers are scored); none.
+    served_kwargs: ClassVar[Mapping[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Derive (or check) the render modes the class implements, and check its modality.

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.base import COMMON_CLIENT_KWARGS, IMAGE_PLACEHOLDER, ClientKwarg, MultiTurnEnv, extract_tag
 from envs.capabilities import direction_words, states_lookahead
 
 ACTIONS = ("Left", "Down", "Right", "Up")
@@ -168,6 +168,10 @@ class FrozenLakeEnv(MultiTurnEnv):
     """
 
     markov_state: ClassVar[bool] = True
+    #: A served lake's clients may choose its size up to 12x12 (a map and its image stay small).
+    client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "size": ClientKwarg(int, 2, 12), "p": ClientKwarg(float, 0.5, 1.0),
+                               "map_name": ClientKwarg(str, choices=tuple(MAPS)), "is_slippery": ClientKwarg(bool),
+                               "hole_reward": ClientKwarg(float, -1.0, 1.0)}
 
     def __init__(
         self,

@@ -45,7 +45,7 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 
 from envs._builtin import GEM_GAMES
-from envs.base import MultiTurnEnv, extract_tag
+from envs.base import COMMON_CLIENT_KWARGS, MultiTurnEnv, extract_tag
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class GemGameEnv(MultiTurnEnv):
     """
 
     modality: ClassVar[str] = "text"
+    client_kwargs: ClassVar = COMMON_CLIENT_KWARGS
 
     def __init__(self, gem_id: str, *, max_turns: int | None = None, format_penalty: float = -0.1,
                  render_mode: str | None = None, feedback: bool = True,

@@ -29,8 +29,11 @@ limit (``score_timeout``) and, on Linux, a memory limit (``score_memory_mb``); a
 whole process group is killed. The worker's replies travel on a pipe of their own, not its
 stdout, and a reply that cannot be read scores 0: ``env.step`` never raises for an answer. A
 score that times out or fails counts 0 and ``info["score_error"]`` says why.
-``scoring="inline"`` scores every answer in the process, still guarded, without the time and
-memory limits (trusted replies only).
+``scoring="worker"`` scores every answer in the worker, plain ones too: a served task
+(``python -m envs.serve``) does, so the server's own process computes nothing an answer
+controls. ``scoring="inline"`` scores every answer in the process, still guarded, without the
+time and memory limits (trusted replies only); a client of a served task cannot ask for it (nor
+set the worker's limits): only the server's own ``--kw`` can.
 
 Requires the optional extra ``.[reasoning]`` (``pip install -e '.[reasoning]'``); without it the
 tasks are still listed by ``python -m envs list`` and building one says what to install.
@@ -60,7 +63,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from envs.answer_guard import UnsafeAnswer, guarded
-from envs.base import MultiTurnEnv, extract_tag
+from envs.base import COMMON_CLIENT_KWARGS, ClientKwarg, MultiTurnEnv, extract_tag
 
 logger = logging.getLogger(__name__)
 
@@ -374,14 +377,25 @@ class ReasoningGymEnv(MultiTurnEnv):
         dataset_seed: the generator's seed; with ``size`` it fixes the set of problems.
         max_turns: bound on replies, invalid ones included (default ``max_attempts + 1``).
         max_answer_chars: longer answers are invalid replies.
-        scoring: ``"safe"`` (plain arithmetic inline, any other answer in the worker) or
-            ``"inline"``.
+        scoring: ``"safe"`` (plain arithmetic inline, any other answer in the worker),
+            ``"worker"`` (every answer in the worker: what a served task does) or ``"inline"``.
         score_timeout: seconds the worker may take to score one answer.
         score_memory_mb: address-space limit of the worker (Linux).
         **generator_config: the generator's own settings (its config dataclass's fields).
     """
 
     modality: ClassVar[str] = "text"
+    #: A served reasoning task's clients may choose the attempts, the problems and the answer
+    #: length; the generator's settings and the scoring are the server's.
+    client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "max_turns": ClientKwarg(int, 1, 20),
+                               "max_attempts": ClientKwarg(int, 1, 10), "size": ClientKwarg(int, 1, 1_000_000),
+                               "dataset_seed": ClientKwarg(int, 0, 2**31 - 1),
+                               "max_answer_chars": ClientKwarg(int, 1, 2_000)}
+    #: Where and how answers are scored is the server's decision alone.
+    server_kwargs: ClassVar = frozenset({"scoring", "score_timeout", "score_memory_mb"})
+    #: A served task scores every answer in the worker (``python -m envs.serve`` applies these
+    #: before its own ``--kw``): the server's process computes nothing an answer controls.
+    served_kwargs: ClassVar = {"scoring": "worker"}
 
     def __init__(
         self,
@@ -406,8 +420,8 @@ class ReasoningGymEnv(MultiTurnEnv):
             raise ValueError(f"task must name a reasoning-gym generator, got {task!r}")
         if int(max_attempts) < 1 or int(size) < 1 or int(max_answer_chars) < 1:
             raise ValueError("max_attempts, size and max_answer_chars must be >= 1")
-        if scoring not in ("safe", "inline"):
-            raise ValueError(f"scoring must be 'safe' or 'inline', got {scoring!r}")
+        if scoring not in ("safe", "worker", "inline"):
+            raise ValueError(f"scoring must be 'safe', 'worker' or 'inline', got {scoring!r}")
         if not (score_timeout > 0 and math.isfinite(score_timeout)) or int(score_memory_mb) < 64:
             raise ValueError("score_timeout must be a positive number of seconds and score_memory_mb >= 64")
         self.max_attempts = int(max_attempts)
@@ -477,7 +491,7 @@ class ReasoningGymEnv(MultiTurnEnv):
         return score, f"Your answer {shown!r} is not correct.", True, False
 
     def _score_answer(self, answer: str) -> tuple[float, str | None]:
-        if self.scoring == "inline" or (_PLAIN_ANSWER.match(answer) and "**" not in answer):
+        if self.scoring == "inline" or (self.scoring == "safe" and _PLAIN_ANSWER.match(answer) and "**" not in answer):
             score, error = _score(self.dataset, answer, self.entry)
             if error:
                 logger.debug("reasoning-gym %s: answer %r scored 0: %s", self.task, answer[:80], error)

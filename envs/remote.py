@@ -6,8 +6,10 @@
 
 Each env opens one session on the server (one served env), closed by ``close()``. Keyword
 arguments other than the client's own (``url``, ``client_timeout``, ``client_retries``,
-``render_mode``) are the served task's (they update the server's defaults unless it was started
-with ``--lock-kwargs``). ``url`` defaults to the ``FRESHPER_ENV_URL`` environment variable.
+``render_mode``) are the served task's: they update the server's defaults where the task lets
+clients set them (its ``client_kwargs``, within their bounds; a server started with
+``--allow-client-kwargs`` takes others too, one with ``--lock-kwargs`` none). ``url`` defaults
+to the ``FRESHPER_ENV_URL`` environment variable.
 
 What a trainer needs of a task works remotely: observations (images decoded from lossless PNG),
 rewards and ``info``, and the task contract's text methods (``legal_actions``,

@@ -1,7 +1,8 @@
 """A registered task as a network service: one env per session, over HTTP/1.1 and JSON.
 
     python -m envs.serve freshper/FrozenLake-v0 --port 8000 [--host 127.0.0.1] [--max-sessions 64]
-        [--idle-timeout 300] [--max-message-bytes 8388608] [--kw size=6 ...] [--lock-kwargs]
+        [--idle-timeout 300] [--max-message-bytes 8388608] [--kw size=6 ...]
+        [--allow-client-kwargs | --lock-kwargs]
 
 The client is :class:`envs.remote.RemoteEnv`, itself a ``gymnasium.Env``:
 ``gym.make("freshper/Remote-v0", url="http://127.0.0.1:8000")`` (``freshper/RemoteVision-v0``
@@ -14,7 +15,10 @@ The protocol (``freshper-env/1``; every body is a JSON object, every answer too)
 =================================  ==============================================================
 ``GET /health``                    ``{"status": "ok", "task", "sessions", "max_sessions"}``
 ``GET /info``                      the task: ``protocol``, ``task``, ``modality``, ``description``,
-                                   ``kwargs`` (the server's), ``limits``
+                                   ``kwargs`` (the server's), ``client_kwargs`` (what clients may
+                                   set: ``"declared"``, ``"any"`` or ``"none"``),
+                                   ``allowed_kwargs`` (the task's allow-list with its bounds),
+                                   ``limits``
 ``POST /sessions``                 ``{"kwargs": {...}}`` (optional) -> ``{"session", "modality",
                                    "markov_state", "image_shape", "max_text_length", ...}``; one
                                    new env built with the server's kwargs updated by these
@@ -42,6 +46,16 @@ without a request, and a request to a closed one is a 404), request bodies up to
 or of the wrong shape a 400, a batch of more than ``max_sessions`` calls a 400. A task error
 while building, resetting or stepping is a 400 (bad kwargs) or 500 with the exception's text;
 the server keeps serving. SIGTERM and SIGINT stop it cleanly.
+
+Client kwargs: a client sets only what the task declares it may (``client_kwargs`` of the task
+class, each with bounds: FrozenLake's ``size`` up to 12, an episode's turns, ...), checked here
+before the env is built; anything else is a 403, a value out of bounds a 400. A task's
+``server_kwargs`` (where and how answers are scored, the scoring worker's limits) are never a
+client's. ``--allow-client-kwargs`` lets clients set other kwargs too (trusted clients only: a
+kwarg can name a file or size a task without bound), the bounds and ``server_kwargs`` still
+hold; ``--lock-kwargs`` refuses every client kwarg. A served task is built with the class's
+``served_kwargs`` beneath the server's ``--kw``: a reasoning task scores every answer in its
+worker process, so nothing an answer or a client controls is computed in the server's process.
 """
 
 from __future__ import annotations
@@ -185,18 +199,43 @@ class Session:
         self.closed = False
 
 
+#: What clients may set: the task's declared kwargs (the default), any kwargs, or none.
+CLIENT_KWARGS = ("declared", "any", "none")
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
 class TaskService:
-    """The sessions of one task and what each request does to them (no HTTP here)."""
+    """The sessions of one task and what each request does to them (no HTTP here).
+
+    ``client_kwargs``: ``"declared"`` (clients set what the task class declares, within its
+    bounds), ``"any"`` (any kwarg but the task's ``server_kwargs``; declared ones still within
+    bounds) or ``"none"``. ``allow_client_kwargs=True`` means ``"any"``, ``lock_kwargs=True``
+    ``"none"``.
+    """
 
     def __init__(self, env_id: str, kwargs: dict[str, Any] | None = None, limits: Limits | None = None, *,
+                 client_kwargs: str = "declared", allow_client_kwargs: bool = False,
                  lock_kwargs: bool = False) -> None:
         import envs
 
+        if client_kwargs not in CLIENT_KWARGS:
+            raise ValueError(f"client_kwargs must be one of {CLIENT_KWARGS}, got {client_kwargs!r}")
+        if allow_client_kwargs and lock_kwargs:
+            raise ValueError("allow_client_kwargs and lock_kwargs contradict each other; choose one")
         self.spec = envs.task_spec(env_id)
         self.env_id = env_id
-        self.kwargs = dict(kwargs or {})
+        self.client_kwargs = "any" if allow_client_kwargs else "none" if lock_kwargs else client_kwargs
+        try:
+            cls = envs.task_class(env_id)
+        except TypeError:  # a factory function: nothing declared, so nothing a client may set
+            cls = None
+        self.allowed = dict(getattr(cls, "client_kwargs", None) or {})
+        self.server_only = frozenset(getattr(cls, "server_kwargs", None) or ())
+        self.kwargs = {**dict(getattr(cls, "served_kwargs", None) or {}), **dict(kwargs or {})}
         self.limits = limits or Limits()
-        self.lock_kwargs = bool(lock_kwargs)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.reaped = 0
@@ -211,7 +250,41 @@ class TaskService:
     def info(self) -> dict[str, Any]:
         return {"protocol": PROTOCOL, "task": self.env_id, "modality": self.spec.modality,
                 "description": self.spec.description, "kwargs": jsonable(self.kwargs),
-                "lock_kwargs": self.lock_kwargs, "limits": asdict(self.limits)}
+                "client_kwargs": self.client_kwargs,
+                "allowed_kwargs": {} if self.client_kwargs == "none" else
+                {k: {"kind": r.kind.__name__, "low": r.low, "high": r.high,
+                     "choices": list(r.choices) if r.choices is not None else None,
+                     **({"max_chars": r.max_chars} if r.kind is str else {})} for k, r in self.allowed.items()},
+                "limits": asdict(self.limits)}
+
+    def check_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The client's ``kwargs`` as the task gets them, or a :class:`ServeError`: a 403 for a
+        kwarg the client may not set, a 400 for a value outside its bounds."""
+        if not kwargs:
+            return {}
+        names = ", ".join(_clip(repr(k), 40) for k in sorted(kwargs)[:8])
+        if self.client_kwargs == "none":
+            raise ServeError(403, f"this server plays {self.env_id} with fixed kwargs; it was started with "
+                                  f"--lock-kwargs, so {names} cannot be set")
+        server_only = sorted(k for k in kwargs if k in self.server_only)
+        if server_only:
+            raise ServeError(403, f"{', '.join(server_only)} of {self.env_id} can be set only by the server "
+                                  "(python -m envs.serve --kw), never by a client")
+        refused = sorted(k for k in kwargs if k not in self.allowed)
+        if refused and self.client_kwargs != "any":
+            shown = ", ".join(_clip(repr(k), 40) for k in refused[:8])
+            allowed = ", ".join(sorted(self.allowed)) or "nothing"
+            raise ServeError(403, f"clients of this server cannot set {shown} for {self.env_id}: clients may set "
+                                  f"{allowed} (the task's allow-list); the server's --allow-client-kwargs accepts "
+                                  "others from trusted clients")
+        out = {}
+        for name, value in kwargs.items():
+            rule = self.allowed.get(name)
+            try:
+                out[name] = rule.check(name, value) if rule is not None else value
+            except ValueError as exc:
+                raise ServeError(400, f"{self.env_id} cannot be built with these kwargs: {exc}") from None
+        return out
 
     def open(self, body: dict[str, Any]) -> dict[str, Any]:
         import envs
@@ -219,9 +292,7 @@ class TaskService:
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise ServeError(400, "'kwargs' must be a JSON object of task keyword arguments")
-        if kwargs and self.lock_kwargs:
-            raise ServeError(403, f"this server plays {self.env_id} with fixed kwargs {self.kwargs}; "
-                                  f"it was started with --lock-kwargs, so {sorted(kwargs)} cannot be set")
+        kwargs = self.check_kwargs(kwargs)
         with self._lock:  # reserve the slot first, so concurrent opens cannot overshoot the limit
             if len(self._sessions) >= self.limits.max_sessions:
                 raise ServeError(503, f"session limit reached ({len(self._sessions)} of {self.limits.max_sessions} "
@@ -234,10 +305,11 @@ class TaskService:
             env = envs.make(self.env_id, **{**self.kwargs, **kwargs})
         except (TypeError, ValueError) as exc:
             self._drop(sid)
-            raise ServeError(400, f"{self.env_id} cannot be built with kwargs {kwargs}: {exc}") from None
+            raise ServeError(400, _clip(f"{self.env_id} cannot be built with kwargs {kwargs}: {exc}", 2000)) from None
         except Exception as exc:
             self._drop(sid)
-            raise ServeError(500, f"{self.env_id} could not be built: {type(exc).__name__}: {exc}") from None
+            raise ServeError(500, _clip(f"{self.env_id} could not be built: {type(exc).__name__}: {exc}", 2000)) \
+                from None
         placeholder.env = env
         placeholder.last_used = time.monotonic()
         placeholder.lock.release()
@@ -315,8 +387,8 @@ class TaskService:
     @staticmethod
     def _reset(env: Any, body: dict[str, Any]) -> dict[str, Any]:
         seed, options = body.get("seed"), body.get("options")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise ServeError(400, f"'seed' must be a non-negative integer or null, got {seed!r}")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise ServeError(400, f"'seed' must be a non-negative integer below 2**63 or null, got {_clip(repr(seed))}")
         if options is not None and not isinstance(options, dict):
             raise ServeError(400, "'options' must be a JSON object or null")
         obs, info = env.reset(seed=seed, options=options)
@@ -347,8 +419,8 @@ class TaskService:
             result = _answer(env.unwrapped, method, args)
         except NotImplementedError as exc:
             raise ServeError(501, str(exc) or f"{method} is not implemented by {type(env.unwrapped).__name__}") from None
-        except TypeError as exc:
-            raise ServeError(400, f"{method}{tuple(args)}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ServeError(400, _clip(f"{method}: {exc}", 300)) from None
         if method == "render_image":
             return {"result": encode_image(result)}
         return {"result": jsonable(result)}
@@ -439,6 +511,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise ServeError(400, f"the body is not valid UTF-8 JSON: {err}") from None
         except RecursionError:
             raise ServeError(400, "the body's JSON is nested too deeply") from None
+        except ValueError as err:  # e.g. an integer of thousands of digits
+            raise ServeError(400, _clip(f"the body's JSON cannot be read: {err}", 300)) from None
         if not isinstance(body, dict):
             raise ServeError(400, "the body must be a JSON object")
         return body
@@ -527,16 +601,20 @@ class TaskServer(ThreadingHTTPServer):
 
 
 def make_server(env_id: str, host: str = "127.0.0.1", port: int = 0, *, kwargs: dict[str, Any] | None = None,
-                limits: Limits | None = None, lock_kwargs: bool = False) -> TaskServer:
+                limits: Limits | None = None, client_kwargs: str = "declared", allow_client_kwargs: bool = False,
+                lock_kwargs: bool = False) -> TaskServer:
     """A server for ``env_id`` bound to ``host:port`` (0: a free port), not yet serving:
-    call ``serve_forever()`` (e.g. in a thread) and ``shutdown()`` / ``server_close()``."""
-    return TaskServer((host, port), TaskService(env_id, kwargs, limits, lock_kwargs=lock_kwargs))
+    call ``serve_forever()`` (e.g. in a thread) and ``shutdown()`` / ``server_close()``.
+    ``client_kwargs``, ``allow_client_kwargs``, ``lock_kwargs``: :class:`TaskService`'s."""
+    return TaskServer((host, port), TaskService(env_id, kwargs, limits, client_kwargs=client_kwargs,
+                                                allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs))
 
 
 def serve(env_id: str, host: str, port: int, *, kwargs: dict[str, Any] | None = None, limits: Limits | None = None,
-          lock_kwargs: bool = False) -> None:
+          client_kwargs: str = "declared", allow_client_kwargs: bool = False, lock_kwargs: bool = False) -> None:
     """Serve until SIGTERM/SIGINT, then close every session and exit."""
-    server = make_server(env_id, host, port, kwargs=kwargs, limits=limits, lock_kwargs=lock_kwargs)
+    server = make_server(env_id, host, port, kwargs=kwargs, limits=limits, client_kwargs=client_kwargs,
+                         allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs)
 
     def stop(signum: int, _frame: Any) -> None:
         logger.info("signal %d: shutting down", signum)
@@ -564,7 +642,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-message-bytes", type=int, default=Limits.max_message_bytes,
                         help="largest request body accepted")
     parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments")
-    parser.add_argument("--lock-kwargs", action="store_true", help="refuse task kwargs from clients")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--allow-client-kwargs", action="store_true",
+                     help="let clients set task kwargs beyond the task's allow-list (trusted clients only; the "
+                          "allow-list's bounds and the server-only kwargs still hold)")
+    who.add_argument("--lock-kwargs", action="store_true",
+                     help="refuse every task kwarg from clients, the task's allow-list included")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -576,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     kwargs = parse_kwargs(args.kw)
-    serve(args.env_id, args.host, args.port, kwargs=kwargs, limits=limits, lock_kwargs=args.lock_kwargs)
+    serve(args.env_id, args.host, args.port, kwargs=kwargs, limits=limits,
+          allow_client_kwargs=args.allow_client_kwargs, lock_kwargs=args.lock_kwargs)
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from envs.base import MultiTurnEnv
+from envs.base import ClientKwarg, MultiTurnEnv
 from envs.search.data import Question, load_questions
 from envs.search.metrics import DEFAULT_NORMALIZATION, check_normalization, exact_match, f1_score
 from envs.search.retriever import (
@@ -143,6 +143,10 @@ class SearchQAEnv(MultiTurnEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     modality = "text"
+    #: A served search task's clients may shape an episode, never name files or a retrieval url.
+    client_kwargs: ClassVar = {"max_turns": ClientKwarg(int, 1, 20), "max_searches": ClientKwarg(int, 0, 10),
+                               "topk": ClientKwarg(int, 1, 10), "format_penalty": ClientKwarg(float, -1.0, 0.0),
+                               "split": ClientKwarg(str, choices=("train", "test"))}
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from envs.base import IMAGE_PLACEHOLDER, MultiTurnEnv, extract_tag
+from envs.base import COMMON_CLIENT_KWARGS, IMAGE_PLACEHOLDER, ClientKwarg, MultiTurnEnv, extract_tag
 from envs.capabilities import direction_words, states_lookahead
 from envs.sokoban.generator import generate_room
 from envs.sokoban.render import BOX, BOX_ON_GOAL, FLOOR, GOAL, OUTSIDE, PLAYER, WALL, render_cells
@@ -251,6 +251,9 @@ class SokobanEnv(MultiTurnEnv):
 
     modality: ClassVar[str] = "text"
     markov_state: ClassVar[bool] = True
+    #: A served Sokoban's clients pick a preset and the notation, not a level file or a search budget.
+    client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "preset": ClientKwarg(str, choices=tuple(PRESETS)),
+                               "board": ClientKwarg(str, choices=tuple(sorted(BOARD_NOTATIONS)))}
 
     def __init__(
         self,

@@ -107,8 +107,108 @@ def test_task_kwargs_go_to_the_served_task_and_bad_ones_are_clear(lake) -> None:
     local = gym.make(LAKE, size=6, feedback=False)
     assert obs["text"] == local.reset(seed=1)[0]["text"]
     env.close()
-    with pytest.raises(RemoteEnvError, match="400 .*cannot be built with kwargs"):
+    with pytest.raises(RemoteEnvError, match="403 clients of this server cannot set 'no_such_kwarg'.*may set "
+                                             "feedback, format_penalty, hole_reward"):
         gym.make("freshper/Remote-v0", url=lake.url, no_such_kwarg=1)
+    with Served(LAKE, allow_client_kwargs=True) as open_server:  # a kwarg the task does not take: a clear 400
+        with pytest.raises(RemoteEnvError, match="400 .*cannot be built with kwargs"):
+            gym.make("freshper/Remote-v0", url=open_server.url, no_such_kwarg=1)
+
+
+# -- what a client controls ------------------------------------------------------------------------
+COUNTDOWN = "freshper/Countdown-v0"
+
+
+def test_a_client_cannot_make_the_server_compute_an_answer_in_its_own_process() -> None:
+    """The repro: a client opening Countdown with scoring="inline" and answering 9**9**9 froze
+    the server (the answer computed in its process, holding the GIL; /health silent). Now the
+    kwarg is refused, on every server, and an answer is scored in the worker process, within its
+    time limit, while /health and other clients go on being answered."""
+    pytest.importorskip("reasoning_gym")
+    with Served(COUNTDOWN, kwargs={"score_timeout": 2.0}) as served:
+        resp = httpx.post(served.url + "/sessions", json={"kwargs": {"scoring": "inline"}}, timeout=10)
+        assert resp.status_code == 403 and "scoring of freshper/Countdown-v0 can be set only by the server" \
+            in resp.json()["error"], resp.text
+        for kwargs in ({"score_timeout": 1e9}, {"score_memory_mb": 1 << 20}, {"max_numbers": 500}):
+            assert httpx.post(served.url + "/sessions", json={"kwargs": kwargs}, timeout=10).status_code == 403
+        assert served.server.service.open_sessions == 0
+        assert httpx.get(served.url + "/info").json()["kwargs"]["scoring"] == "worker"
+
+        env = gym.make("freshper/Remote-v0", url=served.url, client_timeout=60)
+        other = gym.make("freshper/Remote-v0", url=served.url)
+        env.reset(seed=0)
+        other.reset(seed=1)
+        result: dict = {}
+        stepping = threading.Thread(target=lambda: result.update(out=env.step("<answer>9**9**9</answer>")))
+        t0 = time.monotonic()
+        stepping.start()
+        answered = []
+        while stepping.is_alive() and time.monotonic() - t0 < 30:
+            h0 = time.monotonic()
+            assert httpx.get(served.url + "/health", timeout=2).json()["status"] == "ok"
+            answered.append(time.monotonic() - h0)
+            assert other.unwrapped.render_text()  # another session is served meanwhile
+            time.sleep(0.1)
+        stepping.join(timeout=30)
+        _, reward, _, _, info = result["out"]
+        assert reward == 0.0 and "timed out after 2 s" in info["score_error"], info
+        assert answered and max(answered) < 1.0, answered
+        env.close()
+        other.close()
+    with Served(COUNTDOWN, allow_client_kwargs=True) as served:  # not even a permissive server takes it
+        resp = httpx.post(served.url + "/sessions", json={"kwargs": {"scoring": "inline"}}, timeout=10)
+        assert resp.status_code == 403 and "only by the server" in resp.json()["error"]
+
+
+def test_client_kwargs_are_the_tasks_allow_list_within_its_bounds() -> None:
+    """A client sets only what the task declares, within bounds: a 10000x10000 FrozenLake (44 s
+    and 1.5 GB per session) is a 400, a level file or a retrieval url a 403."""
+    def open_status(url: str, kwargs: dict) -> tuple[int, str]:
+        resp = httpx.post(url + "/sessions", content=json.dumps({"kwargs": kwargs}), timeout=30)  # NaN as JSON's NaN
+        return resp.status_code, resp.json().get("error", "")
+
+    with Served(LAKE) as served:
+        t0 = time.monotonic()
+        for kwargs in ({"max_turns": 10**6}, {"size": 6.5}, {"size": 10000}, {"size": 1}, {"size": True},
+                       {"p": float("nan")}, {"map_name": "x" * 10_000}, {"feedback": "no"}):
+            status, error = open_status(served.url, kwargs)
+            assert status == 400 and len(error) < 400, (kwargs, status, error)
+        assert time.monotonic() - t0 < 5 and served.server.service.open_sessions == 0
+        assert "size must lie in [2, 12], got 10000" in open_status(served.url, {"size": 10000})[1]
+        assert open_status(served.url, {"desc": ["SFFG"] * 4})[0] == 403
+        info = httpx.get(served.url + "/info").json()
+        assert info["client_kwargs"] == "declared" and info["allowed_kwargs"]["size"]["high"] == 12
+    with Served("freshper/Sokoban-v0") as served:
+        assert open_status(served.url, {"levels_file": "/etc/passwd"})[0] == 403
+        assert open_status(served.url, {"search_budget": 10**9})[0] == 403
+        assert open_status(served.url, {"preset": "hard"})[0] == 200
+    with Served(LAKE, allow_client_kwargs=True) as served:  # permissive: other kwargs pass, bounds still hold
+        assert open_status(served.url, {"desc": ["SFFF", "FHFH", "FFFH", "HFFG"]})[0] == 200
+        assert open_status(served.url, {"size": 10000})[0] == 400
+    with Served(LAKE, lock_kwargs=True) as served:
+        status, error = open_status(served.url, {"size": 6})
+        assert status == 403 and "--lock-kwargs" in error
+        assert httpx.get(served.url + "/info").json()["client_kwargs"] == "none"
+    from envs.serve import main
+
+    with pytest.raises(SystemExit):
+        main([LAKE, "--allow-client-kwargs", "--lock-kwargs"])
+
+
+def test_malformed_bodies_are_4xx_and_nothing_is_echoed_at_length(lake) -> None:
+    sid = httpx.post(lake.url + "/sessions", json={}).json()["session"]
+    httpx.post(lake.url + f"/sessions/{sid}/reset", json={"seed": 0})
+    for path, body in ((f"/sessions/{sid}/step", b'{"action": ' + b"9" * 5000 + b"}"),
+                       (f"/sessions/{sid}/reset", b'{"seed": ' + b"9" * 5000 + b"}"),
+                       (f"/sessions/{sid}/reset", b'{"seed": ' + b"9" * 4000 + b"}"),
+                       ("/sessions", b'{"kwargs": {"size": ' + b"9" * 4000 + b"}}"),
+                       (f"/sessions/{sid}/call", json.dumps({"method": "format_reply", "args": ["x" * (1 << 20)]}).encode()),
+                       (f"/sessions/{sid}/call", json.dumps({"method": "format_reply", "args": [1, "x" * (1 << 20)]}).encode()),
+                       ("/sessions", json.dumps({"kwargs": {"x" * (1 << 20): 1}}).encode())):
+        resp = httpx.post(lake.url + path, content=body, headers={"Content-Type": "application/json"})
+        assert 400 <= resp.status_code < 500 and len(resp.content) < 1000, (path, resp.status_code, resp.text[:200])
+    assert httpx.get(lake.url + "/health").json()["status"] == "ok"
+    httpx.delete(lake.url + f"/sessions/{sid}")
 
 
 def test_the_runner_gets_the_same_records_from_a_served_task() -> None:
@@ -258,12 +358,13 @@ def test_the_cli_serves_until_sigterm(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "envs.serve", LAKE, "--port", str(port), "--max-sessions", "3",
-                             "--kw", "size=5"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--kw", "size=5", "--allow-client-kwargs"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert f"serving {LAKE}" in line and f"127.0.0.1:{port}" in line, line + proc.stderr.read()
         info = httpx.get(f"http://127.0.0.1:{port}/info").json()
         assert info["task"] == LAKE and info["kwargs"] == {"size": 5} and info["limits"]["max_sessions"] == 3
+        assert info["client_kwargs"] == "any"
         env = gym.make("freshper/Remote-v0", url=f"http://127.0.0.1:{port}")
         assert env.reset(seed=0)[0]["text"] == gym.make(LAKE, size=5).reset(seed=0)[0]["text"]
         env.close()
