@@ -2,7 +2,10 @@
 
 from envs.reasoning import INSTALL_HINT as _REASONING_HINT
 from envs.reasoning import PRESETS as _REASONING_PRESETS
+from envs import registry
 from envs.registry import register
+
+_BEFORE = set(registry._TASKS)
 
 #: What to install for the GEM tasks (envs/gem_compat.py).
 GEM_INSTALL_HINT = "pip install -e '.[gem]' (or pip install gem-llm; Python 3.10-3.11)"
@@ -140,3 +143,8 @@ register(
     install_hint=OPENENV_INSTALL_HINT,
     needs=("url",),
 )
+
+#: The ids registered here: the tasks that ship with freshper, whatever else is installed
+#: (the embedded tiny model's shared tokenizer learns from these alone, agents/policies/tiny.py).
+BUILTIN_IDS: frozenset[str] = frozenset(set(registry._TASKS) - _BEFORE)
+del _BEFORE

@@ -2,7 +2,7 @@
 
 No model hub is reachable on the project's machines, so ``build_tiny_model`` writes a small
 model folder itself: a byte-level BPE tokenizer trained with ``tokenizers`` on text sampled from
-the registered tasks (random replies), with Qwen-style chat and vision special tokens and a
+the tasks that ship with freshper (random replies; a plugin's task adds its own, :func:`task_model`), with Qwen-style chat and vision special tokens and a
 Qwen-style chat template, plus a randomly initialised Qwen2 (text) or Qwen2-VL (vision) model.
 The folder is written with ``save_pretrained`` and is loaded through the same
 ``Policy.from_pretrained`` path a real Qwen2.5 / Qwen2.5-VL checkpoint takes.
@@ -103,54 +103,72 @@ def default_cache_dir() -> Path:
 
 
 def task_corpus(episodes_per_task: int = 12, seed: int = 0) -> str:
-    """Text of sampled episodes of every registered task that imports (random replies), each
-    message preceded by its chat-template role line (``user`` / ``assistant``), as the model
-    sees it: so the BPE learns the role names as single tokens (they were 3 and 7 tokens, in
-    every prompt).
+    """Text of sampled episodes of every task that ships with freshper
+    (:data:`envs._builtin.BUILTIN_IDS`) and builds without optional packages or required
+    keyword arguments, random replies, each message preceded by its chat-template role line
+    (``user`` / ``assistant``), as the model sees it: so the BPE learns the role names as single
+    tokens (they were 3 and 7 tokens, in every prompt).
 
-    A task that fails to import or run is skipped with a log line: the tokenizer must build
-    even while a task is broken or missing.
+    Plugins and tasks registered at run time are left out, so the shared tokenizer, and with it
+    the default model and its cache key, is the same whatever else is installed; such a task
+    gets a tokenizer of its own (:func:`task_model`). A built-in task that fails to build or run
+    is skipped with a warning: the tokenizer must build even while a task is broken.
     """
     import envs  # noqa: F401  (registers tasks)
-    from envs.registry import make, registered_tasks
+    from envs._builtin import BUILTIN_IDS
+    from envs.registry import registered_tasks
 
     rng = random.Random(seed)
     parts = [_FALLBACK_TEXT]
     for spec in registered_tasks():
-        if getattr(spec, "requires", None):  # tasks of optional packages: the tokenizer must not depend on extras
+        # tasks of optional packages, or that need a kwarg (a server's url): not part of the default model
+        if spec.id not in BUILTIN_IDS or spec.requires or spec.needs:
             continue
-        try:
-            env = make(spec.id)
-        except Exception as exc:  # a task under construction must not break the build
-            logger.info("tiny tokenizer: skipping %s (%s)", spec.id, exc)
-            continue
-        try:
-            cls = type(env.unwrapped)
-            for ep in range(episodes_per_task):
-                obs, info = env.reset(seed=seed * 100_003 + ep)
-                parts.append(_USER + obs["text"])
-                for _ in range(10):
-                    reply = _random_reply(env, cls, rng)
-                    parts.append(_ASSISTANT + reply)
-                    obs, _, term, trunc, info = env.step(reply)
-                    parts.append(_USER + obs["text"])
-                    if term or trunc:
-                        break
-        except Exception as exc:
-            logger.info("tiny tokenizer: task %s failed while sampling (%s)", spec.id, exc)
-        finally:
-            env.close()
+        parts.extend(task_episodes(spec.id, rng, episodes_per_task=episodes_per_task, seed=seed))
     return "\n".join(parts)
 
 
-def _random_reply(env, cls, rng: random.Random) -> str:
+def task_episodes(env_id: str, rng: random.Random, env_kwargs: dict | None = None, *, episodes_per_task: int = 12,
+                  seed: int = 0) -> list[str]:
+    """The messages of ``episodes_per_task`` episodes of ``env_id`` played with random replies
+    drawn from ``rng`` (each preceded by its role line). A task that cannot be built or fails
+    while it is played gives what was played before the failure, with a warning that says why."""
+    from envs.registry import make
+
+    try:
+        env = make(env_id, **dict(env_kwargs or {}))
+    except Exception as exc:  # a task under construction must not break the build
+        logger.warning("tiny tokenizer: %s is left out of the tokenizer's text: it cannot be built (%s)", env_id, exc)
+        return []
+    parts: list[str] = []
+    try:
+        for ep in range(episodes_per_task):
+            obs, info = env.reset(seed=seed * 100_003 + ep)
+            parts.append(_USER + obs["text"])
+            for _ in range(10):
+                reply = _random_reply(env, rng)
+                parts.append(_ASSISTANT + reply)
+                obs, _, term, trunc, info = env.step(reply)
+                parts.append(_USER + obs["text"])
+                if term or trunc:
+                    break
+    except Exception as exc:
+        logger.warning("tiny tokenizer: %s failed while its episodes were sampled for the tokenizer's text, which "
+                       "has only what came before (%s: %s)", env_id, type(exc).__name__, exc)
+    finally:
+        env.close()
+    return parts
+
+
+def _random_reply(env, rng: random.Random) -> str:
+    task = env.unwrapped
     legal = []
     try:
-        legal = list(env.unwrapped.legal_actions())
-    except Exception:
+        legal = list(task.legal_actions())
+    except Exception:  # a task that draws its replies with sample_reply
         pass
     if legal and rng.random() < 0.85:
-        return cls.format_reply(rng.choice(legal))
+        return task.format_reply(rng.choice(legal))
     return rng.choice(["<answer>Up</answer>", "Down", "<answer>jump</answer>", "I think so."])
 
 
@@ -282,6 +300,27 @@ def build_tiny_model(
     The folder is written to a temporary name and renamed, so a crash never leaves a
     half-written model; a folder missing its completion marker is rebuilt.
     """
+    name, corpus = _name_and_corpus(modality, seed, vocab_size, task_text, width)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / name
+    key = name.rsplit("-", 1)[-1]
+    marker = target / "freshper_tiny.json"
+    if target.exists() and marker.exists() and not force:
+        return target
+    with cache_lock(root / f".{target.name}.lock"):
+        if target.exists() and marker.exists() and not force:
+            return target  # built by another process meanwhile
+        return _build(target, modality, corpus, key, seed, vocab_size, root, width)
+
+
+def tiny_model_name(modality: str = "text", seed: int = 0, *, vocab_size: int = 512, task_text: str = "",
+                    width: int = DEFAULT_WIDTH) -> str:
+    """The cache folder name :func:`build_tiny_model` gives these arguments (``tiny-text-s0-<key>``),
+    without building anything: the key hashes the tokenizer's text and the configuration."""
+    return _name_and_corpus(modality, seed, vocab_size, task_text, width)[0]
+
+
+def _name_and_corpus(modality: str, seed: int, vocab_size: int, task_text: str, width: int) -> tuple[str, str]:
     if modality not in ("text", "vision"):
         raise ValueError(f"modality must be 'text' or 'vision', got {modality!r}")
     check_width(width)
@@ -292,17 +331,9 @@ def build_tiny_model(
                    + ([hashlib.sha256(task_text.encode()).hexdigest()] if task_text else [])
                    + ([f"width {width}"] if width != DEFAULT_WIDTH else [])).encode()
     ).hexdigest()[:12]
-    if task_text:  # a task's own vocabulary (envs.capabilities.TaskVocabulary) beside the episodes
+    if task_text:  # a task's own text (its episodes, its TaskVocabulary) beside the built-in tasks' episodes
         corpus = f"{corpus}\n{task_text}"
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-{modality}-s{seed}{f'-w{width}' if width != DEFAULT_WIDTH else ''}-{key}"
-    marker = target / "freshper_tiny.json"
-    if target.exists() and marker.exists() and not force:
-        return target
-    with cache_lock(root / f".{target.name}.lock"):
-        if target.exists() and marker.exists() and not force:
-            return target  # built by another process meanwhile
-        return _build(target, modality, corpus, key, seed, vocab_size, root, width)
+    return f"tiny-{modality}-s{seed}{f'-w{width}' if width != DEFAULT_WIDTH else ''}-{key}", corpus
 
 
 #: Vocabulary of a tiny model whose task brings its own text (``tokenizer_text``): room for
@@ -312,10 +343,26 @@ TASK_VOCAB_SIZE = 2048
 
 def task_model(env_id: str, env_kwargs: dict | None = None, cache_dir: str | os.PathLike | None = None,
                seed: int = 0, width: int = DEFAULT_WIDTH) -> Path:
-    """The embedded tiny model for ``env_id``: the shared one of its modality, or, where the task
-    has text of its own (:class:`envs.capabilities.TaskVocabulary`), one whose tokenizer
-    (``TASK_VOCAB_SIZE`` tokens) also learned from that text."""
+    """The embedded tiny model for ``env_id``: the shared one of its modality for a task that
+    ships with freshper; a tokenizer of its own for a plugin's task or one registered at run time
+    (the built-in tasks' text plus episodes of this task, so installing it moves no other task's
+    model); and where the task has text of its own (:class:`envs.capabilities.TaskVocabulary`), a
+    tokenizer (``TASK_VOCAB_SIZE`` tokens) that also learned from that text."""
+    modality, kwargs = task_model_args(env_id, env_kwargs)
+    return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, width=width, **kwargs)
+
+
+def task_model_name(env_id: str, env_kwargs: dict | None = None, seed: int = 0, width: int = DEFAULT_WIDTH) -> str:
+    """The cache folder name of :func:`task_model`'s model, without building it."""
+    modality, kwargs = task_model_args(env_id, env_kwargs)
+    return tiny_model_name(modality, seed, width=width, **kwargs)
+
+
+def task_model_args(env_id: str, env_kwargs: dict | None = None) -> tuple[str, dict]:
+    """The modality of ``env_id`` and the tokenizer arguments of its tiny model
+    (``vocab_size``, ``task_text``; none for a built-in task without text of its own)."""
     import envs
+    from envs._builtin import BUILTIN_IDS
     from envs.capabilities import tokenizer_text
 
     env = envs.make(env_id, **dict(env_kwargs or {}))
@@ -324,10 +371,13 @@ def task_model(env_id: str, env_kwargs: dict | None = None, cache_dir: str | os.
     finally:
         env.close()
     modality = envs.task_spec(env_id).modality
-    if not text:
-        return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, width=width)
-    return build_tiny_model(modality, cache_dir=cache_dir, seed=seed, vocab_size=TASK_VOCAB_SIZE, task_text=text,
-                            width=width)
+    parts = [] if env_id in BUILTIN_IDS else ["\n".join(task_episodes(env_id, random.Random(0), env_kwargs))]
+    if text:
+        parts.append(text)
+    kwargs = {"task_text": "\n".join(parts)} if parts else {}
+    if text:
+        kwargs["vocab_size"] = TASK_VOCAB_SIZE
+    return modality, kwargs
 
 
 def _build(target: Path, modality: str, corpus: str, key: str, seed: int, vocab_size: int, root: Path,
