@@ -201,7 +201,18 @@ class TransitionStreams:
         from envs.registry import make
 
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
-        self.envs = [make(env_id, **self.env_kwargs) for _ in range(n)]
+        self.envs = []
+        try:
+            for _ in range(n):
+                self.envs.append(make(env_id, **self.env_kwargs))
+        except Exception as exc:
+            for env in self.envs:
+                env.close()
+            if getattr(exc, "status", None) == 503:  # a served task's server at its session limit
+                raise RuntimeError(f"pretraining plays {n} random-play streams at once (--pretrain-batch), one "
+                                   f"session each, and the server refused session {len(self.envs) + 1}: {exc}. "
+                                   "Lower --pretrain-batch or raise the server's --max-sessions") from exc
+            raise
         self.rng = np.random.default_rng(pretrain_seed(seed, 0))
         self.seed = seed
         self.dynamics_fraction = dynamics_fraction
@@ -421,8 +432,8 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     from tqdm.auto import tqdm
 
     cfg = cfg.recipe()
-    streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
-                                cfg.observe_fraction, cfg.reasoning, follow, first_episode, cfg.success_fraction)
+    # the held-out examples first, their envs closed before the training streams open: at most
+    # cfg.batch envs at once (a served task's sessions: its server's --max-sessions is 64 by default)
     held = TransitionStreams(env_id, env_kwargs, cfg.batch, seed + 7_919, cfg.dynamics_fraction, policy.is_vision,
                              cfg.observe_fraction, cfg.reasoning, follow, success_fraction=cfg.success_fraction)
     try:
@@ -432,6 +443,8 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     held_samples, held_images = encode(policy, held_examples)
     kinds = np.array([ex.kind for ex in held_examples])
     exact_examples = held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision, streams=min(64, cfg.batch))
+    streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
+                                cfg.observe_fraction, cfg.reasoning, follow, first_episode, cfg.success_fraction)
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
