@@ -19,7 +19,10 @@ commands (:func:`serve`):
   rank 0's sampler; with LoRA only the adapters travel.
 - ``save``: ``torch.distributed.checkpoint`` writes every rank's shards of the weights and the
   optimizer into the checkpoint (``sharded/``), beside rank 0's files; a resume reads them back
-  on any number of ranks.
+  on any number of ranks. Nothing in them is unpickled beyond plain data: the ``.metadata`` file
+  (a pickle) is read by a restricted unpickler that admits only the checkpoint metadata's own
+  types (:func:`read_sharded_metadata`), the optimizer's non-tensor values with ``torch.load``'s
+  ``weights_only``; anything else refuses the resume with an error naming the file.
 
 Every rank runs the same number of forward and backward passes per update (a rank with fewer
 sequences runs empty micro-batches), scoring each sequence in one full forward
@@ -31,7 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import os
+import pickle
+import re
 import sys
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence
@@ -145,18 +151,166 @@ def save_sharded(policy, optimizer, folder: Path) -> None:
     dcp.save(state, checkpoint_id=str(Path(folder) / SHARDED_DIR))
 
 
+#: The largest sharded checkpoint ``.metadata`` read (a 70B model's with its optimizer is ~10 MB).
+MAX_METADATA_BYTES = 256 << 20
+#: The globals a ``torch.distributed.checkpoint`` ``.metadata`` pickle names: the metadata's own
+#: dataclasses, ``torch.Size``, a path, and torch's dtypes, layouts and memory formats (checked
+#: by type in :class:`_MetadataUnpickler`). Each is plain data: building one runs no code an
+#: attacker chooses.
+METADATA_GLOBALS = frozenset({
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
+})
+
+
+class _Refused(pickle.UnpicklingError):
+    """A global that a sharded checkpoint's metadata never names."""
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """An unpickler whose ``find_class`` admits :data:`METADATA_GLOBALS` and torch's dtypes,
+    layouts and memory formats, and refuses every other global (``os.system``, ``builtins.eval``,
+    ...) before it is looked up. The pure-Python unpickler, so that ``BUILD`` can refuse to set
+    attributes on a class (which would change that class for the whole process)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+
+    def _load_build(self) -> None:
+        if isinstance(self.stack[-2] if len(self.stack) > 1 else None, type):
+            raise _Refused("state set on a class")
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = _load_build
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and name.isidentifier() and not name.startswith("_"):
+            value = getattr(torch, name, None)
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                return value
+        raise _Refused(f"{module}.{name}"[:120])
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Refused("a persistent id")
+
+
+def read_sharded_metadata(path: str | os.PathLike) -> Any:
+    """A sharded checkpoint's ``.metadata`` (a ``torch.distributed.checkpoint`` ``Metadata``),
+    unpickled without running code: the file must be a regular file (no link, FIFO or device) of
+    at most :data:`MAX_METADATA_BYTES`, every global it names one of the metadata's own types,
+    and every shard it lists a plain file name inside its folder. Anything else raises
+    :class:`learner.checkpoint.CheckpointError` naming the file; nothing it holds is run."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from agents.safeio import UnsafeFileError, read_regular
+    from learner.checkpoint import CheckpointError
+
+    path = Path(path)
+    try:
+        data = read_regular(path, max_bytes=MAX_METADATA_BYTES)
+    except UnsafeFileError as exc:
+        raise CheckpointError(f"sharded checkpoint metadata refused: {exc}") from None
+    try:
+        metadata = _MetadataUnpickler(data).load()
+    except _Refused as exc:
+        raise CheckpointError(f"{path} is refused: it names {exc}, which a sharded checkpoint's metadata never "
+                              "holds (the file was tampered with or not written by torch.distributed.checkpoint); "
+                              "nothing in it was run") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError,
+            RecursionError, MemoryError, OverflowError) as exc:
+        raise CheckpointError(f"{path} cannot be read as a sharded checkpoint's metadata "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "state_dict_metadata", None), dict):
+        raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not a sharded checkpoint's metadata")
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        raise CheckpointError(f"{path} lists no shard files (storage_data is {type(storage).__name__})")
+    for info in storage.values():
+        rel = getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not isinstance(rel, str) or not rel or "/" in rel or "\\" in rel or rel in (".", "..") or "\x00" in rel:
+            raise CheckpointError(f"{path} lists a shard file {str(rel)[:80]!r} that is not a file in its folder")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length)):
+            raise CheckpointError(f"{path} lists a shard of {rel!r} at offset {offset!r}, length {length!r}")
+    return metadata
+
+
+def _safe_reader(path: Path):
+    """A ``FileSystemReader`` of ``path`` that reads its metadata with :func:`read_sharded_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_sharded_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(str(path))
+
+
+def _weights_only_planner():
+    """torch's default load planner, with the checkpoint's non-tensor values (the optimizer's
+    hyperparameters) read by ``torch.load(weights_only=True)`` instead of a full unpickle."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    from learner.checkpoint import CheckpointError
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            try:
+                obj = torch.load(value, weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+                named = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+                why = f"it names {named.group(1)[:120]}, which is not plain data" if named else \
+                    f"{type(exc).__name__}: {str(exc)[:160]}"
+                raise CheckpointError(f"the sharded checkpoint's value {read_item.dest_index.fqn!r} is refused ({why}); "
+                                      "nothing in it was run") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return Planner()
+
+
 def load_sharded(policy, optimizer, folder: Path) -> None:
-    """Read what :func:`save_sharded` wrote (on any number of ranks) into the model and optimizer."""
+    """Read what :func:`save_sharded` wrote (on any number of ranks) into the model and optimizer;
+    its metadata is checked first (:func:`read_sharded_metadata`), so a tampered one is a clear
+    error on every rank before any collective."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
     path = Path(folder) / SHARDED_DIR
-    if not (path / ".metadata").is_file():
+    if not (path / ".metadata").exists() and not (path / ".metadata").is_symlink():
         raise FileNotFoundError(f"{folder} holds no sharded learner state ({SHARDED_DIR}/.metadata): it was not "
                                 "written by a torchrun run; resume it without torchrun")
+    read_sharded_metadata(path / ".metadata")
     state = {"model": get_model_state_dict(policy.model), "optim": get_optimizer_state_dict(policy.model, optimizer)}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, storage_reader=_safe_reader(path), planner=_weights_only_planner())
+    except CheckpointException as exc:  # torch wraps what a rank raised: show ours as itself
+        from learner.checkpoint import CheckpointError
+
+        for failure in exc.failures.values():
+            inner = failure[0] if isinstance(failure, tuple) and failure else failure
+            if isinstance(inner, CheckpointError):
+                raise CheckpointError(str(inner)) from None
+        raise
     set_model_state_dict(policy.model, state["model"])
     set_optimizer_state_dict(policy.model, optimizer, state["optim"])
 

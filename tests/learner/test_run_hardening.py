@@ -353,3 +353,124 @@ def test_a_full_disk_is_a_clear_error_and_the_run_resumes_exactly_once_there_is_
     resumed, whole = learning(run), learning(tmp_path / "runs" / "whole")
     assert [r["iteration"] for r in resumed] == [1, 2, 3]
     assert resumed == whole
+
+
+# -- issue 54 item 2: a tampered sharded checkpoint never runs code ----------------------------------
+class _Marker:
+    """A pickle that creates ``path`` when it is loaded (what an attacker's payload would do)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+class _TouchMarker:
+    """The same through a dotted global (``pathlib.Path.touch``), which a check of the module alone
+    would let through."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (Path(self.path),)
+
+
+def _dcp_checkpoint(folder: Path):
+    """A small model and optimizer saved as ``save_sharded`` saves them (``torch.distributed
+    .checkpoint``, one process, no process group) into ``folder/sharded``; the model to load into."""
+    import warnings
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=str(folder / "sharded"))
+    fresh = torch.nn.Linear(3, 2)
+    return model, SimpleNamespace(model=fresh), torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+
+
+def _load(policy, opt, folder: Path) -> None:
+    import warnings
+
+    from learner import distributed
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        distributed.load_sharded(policy, opt, folder)
+
+
+def test_a_real_dcp_checkpoint_loads_and_a_tampered_metadata_never_runs_code(tmp_path: Path) -> None:
+    """The repro: ``sharded/.metadata`` replaced by a pickle whose ``__reduce__`` runs a command.
+    torch's reader unpickled it and the command ran; now the restricted unpickler refuses it,
+    naming the file, and the marker is never created. The untampered checkpoint still loads."""
+    import pickle
+
+    import torch
+
+    from learner.distributed import read_sharded_metadata
+
+    model, policy, opt = _dcp_checkpoint(tmp_path)
+    _load(policy, opt, tmp_path)
+    assert torch.equal(policy.model.weight, model.weight) and opt.state_dict()["state"][0]["step"] == 1
+    meta = tmp_path / "sharded" / ".metadata"
+    good = meta.read_bytes()
+    assert read_sharded_metadata(meta).state_dict_metadata
+    marker = tmp_path / "marker"
+    for payload in (_Marker(marker), _TouchMarker(marker), {"x": _Marker(marker)}):
+        meta.write_bytes(pickle.dumps(payload))
+        with pytest.raises(CheckpointError, match=r"\.metadata is refused: it names (posix\.system|pathlib\.Path\.touch)"):
+            _load(policy, opt, tmp_path)
+        assert not marker.exists()
+    for data, problem in ((good[: len(good) // 2], "cannot be read"), (pickle.dumps([1, 2]), "not a sharded")):
+        meta.write_bytes(data)
+        with pytest.raises(CheckpointError, match=problem):
+            _load(policy, opt, tmp_path)
+    meta.unlink()
+    os.mkfifo(meta)  # a FIFO is refused, not waited on
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        _load(policy, opt, tmp_path)
+
+
+def test_a_tampered_shard_value_or_file_name_never_runs_code_nor_reads_outside(tmp_path: Path) -> None:
+    """The optimizer's non-tensor values are pickles inside the ``.distcp`` files, which torch
+    loaded with ``weights_only=False``: one pointed at an appended payload ran it. Shard file
+    names that leave the folder are refused too."""
+    import dataclasses
+    import io
+    import pickle
+
+    import torch
+
+    from learner.distributed import read_sharded_metadata
+
+    _, policy, opt = _dcp_checkpoint(tmp_path)
+    meta_path = tmp_path / "sharded" / ".metadata"
+    metadata = read_sharded_metadata(meta_path)
+    marker = tmp_path / "marker"
+    index, info = next((i, v) for i, v in metadata.storage_data.items() if i.fqn.endswith("param_groups.0.lr"))
+    shard = tmp_path / "sharded" / info.relative_path
+    buf = io.BytesIO()
+    torch.save(_Marker(marker), buf)
+    offset = shard.stat().st_size
+    with open(shard, "ab") as fh:
+        fh.write(buf.getvalue())
+    metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(buf.getvalue()))
+    meta_path.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match="param_groups.0.lr' is refused"):
+        _load(policy, opt, tmp_path)
+    assert not marker.exists()
+    metadata.storage_data[index] = dataclasses.replace(info, relative_path="../../outside.distcp")
+    meta_path.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match="not a file in its folder"):
+        _load(policy, opt, tmp_path)

@@ -131,6 +131,38 @@ def test_a_two_process_run_trains_with_replay_and_resumes_exactly_after_kill_9(t
     assert environment[0]["world_size"] == 2
 
 
+class _Marker:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def test_a_tampered_sharded_checkpoint_never_runs_code_on_a_torchrun_resume(tmp_path: Path) -> None:
+    """The repro: ``sharded/.metadata`` replaced by a pickle that creates a marker file, its sha256
+    and size rewritten in ``manifest.json``, then ``torchrun --nproc_per_node 2 train.py --resume
+    RUN``: torch's reader unpickled it on resume and the marker appeared. Now every rank refuses
+    the file by name before anything is loaded, and the job ends."""
+    import hashlib
+    import pickle
+
+    from learner.checkpoint import list_checkpoints
+
+    finished(torchrun([*TRAIN, "--runs-root", str(tmp_path), "--run-name", "run", "--iterations", "2"]))
+    ckpt = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
+    marker = tmp_path / "marker"
+    payload = pickle.dumps(_Marker(marker))
+    (ckpt / "sharded" / ".metadata").write_bytes(payload)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["sharded/.metadata"] = {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    proc = torchrun(["train.py", "--resume", str(tmp_path / "run"), "--iterations", "4", "--no-progress"])
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode != 0 and ".metadata is refused: it names posix.system" in out, out[-3000:]
+    assert not marker.exists()
+
+
 def test_a_two_process_run_with_ray_rollout_workers_trains_as_with_in_process_shards(tmp_path: Path) -> None:
     """Rank 0 of the sharded learner drives Ray rollout workers: after every update it gathers the
     sharded weights and publishes them, so iteration 2's rollouts (and everything after) equal
