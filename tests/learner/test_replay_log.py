@@ -194,3 +194,58 @@ def test_a_linked_replay_log_folder_refuses_the_start(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="symbolic link"):
         ReplayLog(run, max_bytes=1 << 20)
     assert (elsewhere / "seg-000000.jsonl.gz").read_bytes() == b"keep me"
+
+
+# -- issue 54 items 3 and 10: every segment is untrusted input -------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_fifo_named_like_a_segment_stops_a_resume_with_a_named_error(runs: Path, tmp_path: Path, capsys) -> None:
+    """The repro: a FIFO named like a segment in ``replay_log/`` hung ``train.py --resume`` (still
+    waiting after 90 s): segments were read whole, with no regular-file check. Now the resume
+    ends at once, exit 2, naming the file."""
+    import os
+    import time
+
+    import train
+
+    run = tmp_path / "fifo"
+    shutil.copytree(runs / "fresh", run)
+    fifo = run / "replay_log" / "seg-000099.jsonl.gz"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    code = train.main(["--resume", str(run / "checkpoints" / "iter_000003"), "--iterations", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "seg-000099.jsonl.gz is not a regular file" in err, err[-2000:]
+    assert time.monotonic() - t0 < 60
+    from agents.safeio import UnsafeFileError
+
+    with pytest.raises(UnsafeFileError, match="seg-000099.jsonl.gz is not a regular file"):
+        read_replay_log(run)
+    fifo.unlink()
+    fifo.symlink_to("/dev/zero")
+    with pytest.raises(UnsafeFileError, match="seg-000099.jsonl.gz is a symbolic link"):
+        read_replay_log(run)
+
+
+def test_a_segment_that_is_a_compression_bomb_or_not_json_is_a_named_error(runs: Path, tmp_path: Path) -> None:
+    import gzip
+    import zlib
+
+    from agents.safeio import UnsafeFileError
+    from learner.replay_log import main as replay_log_main
+
+    run = tmp_path / "bomb"
+    shutil.copytree(runs / "fresh", run)
+    (seg,) = sorted((run / "replay_log").glob("seg-*.jsonl.gz"))
+    good = seg.read_bytes()
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    member = comp.compress(b"\n" * (32 << 20)) + comp.flush()
+    seg.write_bytes(good + member * 3)  # ~100 KB on disk, 96 MB of text
+    with pytest.raises(UnsafeFileError, match=r"seg-000000\.jsonl\.gz decompresses to more than"):
+        read_replay_log(run)
+    for junk in (b"not json\n", b'{"type": "draw"\n', b"[1, 2]\n", b"\xff\xfe\n"):
+        seg.write_bytes(good + gzip.compress(junk))
+        with pytest.raises(UnsafeFileError, match=rf"seg-000000\.jsonl\.gz: the member at byte {len(good):,}"):
+            read_replay_log(run)
+        with pytest.raises(UnsafeFileError, match="seg-000000.jsonl.gz"):
+            ReplayLog(run, max_bytes=1 << 20, resume_iteration=3)  # what a resume does
+    assert replay_log_main([str(run)]) == 2  # the CLI: one line, no traceback
