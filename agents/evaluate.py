@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         model = str(build_tiny_model(spec.modality))
     try:
         policy = Policy.from_pretrained(model, device=args.device, dtype=args.dtype)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ImportError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from agents.rollout.runner import default_env_kwargs

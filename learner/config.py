@@ -113,7 +113,7 @@ class ModelSettings:
     """The start model and where and how it computes."""
 
     model: str | None = field(default=None, metadata=_LOCKED)
-    """local model folder (HF layout); default: the embedded tiny model of the task's modality, pretrained on the task"""
+    """local model folder (HF layout), a .gguf file or a known short name (python -m agents.pretrained list: converted on first use); default: the embedded tiny model of the task's modality, pretrained on the task"""
     tiny_width: int = field(default=128, metadata=_LOCKED)
     """hidden size of the embedded tiny model (a multiple of 64; without --model): 128, ~1M parameters; 256, ~3.7M, reads twice as many held-out SearchQA answers out of its passages when told the answer (experiments/searchqa/search_copy_ceiling.py) and is configs/searchqa.yaml's width; it costs more per step (docs/results/searchqa.md#a-model-twice-as-wide)"""
     device: str = "cpu"

@@ -119,6 +119,8 @@ class PretrainConfig:
     """a second pretraining stage of this many steps, with --reasoning subgoal: --pretrain-follow of its format replies play a move that does what the think tag's subgoal words say (the task's subgoal_moves), so the model learns what its words mean as a move; the first stage is cached on its own. 0: none"""
     success_fraction: float = dataclasses.field(default=0.0, metadata={"locked": True, "flag": "pretrain_success"})
     """share of the pretraining's format examples that are turns of random-play episodes that succeeded (imitation of random play's successes, the only part of the pretraining that uses the task's reward; the episodes random play takes to find them count in the pretraining's episodes); for tasks whose random play sometimes succeeds and whose RL start too rarely does (SearchQA). 0: off"""
+    replies: str = dataclasses.field(default="random", metadata=_LOCKED)
+    """the format examples' replies: 'random' (random well-formed replies, the embedded model's warm-up) or 'own' (a real chat model's own answers: each prompt asked directly, the answer taken out of the model's greedy reply and put in the task's reply format, learner/warmup.py; needs --pretrain-dynamics 0)"""
     follow_fraction: float = dataclasses.field(default=1.0, metadata={"locked": True, "flag": "pretrain_follow"})
     """with --pretrain-follow-steps: the share of the second stage's format replies whose move follows the words (the rest stay random; a uniform draw among the moves that do); docs/results/sokoban.md#following-the-words compares shares"""
 
@@ -148,6 +150,13 @@ class PretrainConfig:
         if self.follow_steps and self.reasoning != "subgoal":
             raise ValueError(f"--pretrain-follow-steps needs --reasoning subgoal (the words a move follows), "
                              f"got --reasoning {self.reasoning}")
+        if self.replies not in ("random", "own"):
+            raise ValueError(f"--pretrain-replies must be 'random' or 'own', got {self.replies!r}")
+        if self.replies == "own" and (self.dynamics_fraction or self.success_fraction or self.follow_steps
+                                      or self.until_exact or self.reasoning != "none"):
+            raise ValueError("--pretrain-replies own is a format warm-up on the model's own answers: it needs "
+                             "--pretrain-dynamics 0, no --pretrain-success, --pretrain-follow-steps, "
+                             "--pretrain-until-exact or --reasoning")
         if self.follow_steps and self.seconds is not None:
             raise ValueError("--pretrain-follow-steps builds on a cached first stage: drop --pretrain-seconds")
 
@@ -351,6 +360,26 @@ def _dynamics_reply(task, reply: str, rng: np.random.Generator) -> str:
     return task.format_reply(legal[int(rng.integers(len(legal)))]) if legal else reply
 
 
+def own_examples(policy, env_id: str, env_kwargs: dict[str, Any] | None, examples: list[Example], *,
+                 progress: bool = False) -> tuple[list[Example], dict[str, Any]]:
+    """``examples`` with their replies replaced by the model's own answers in the task's format
+    (:func:`learner.warmup.own_replies`), those without a usable answer dropped; and a report."""
+    from envs.registry import make
+    from learner.warmup import own_replies
+
+    env = make(env_id, **dict(env_kwargs or {}))
+    try:
+        task = env.unwrapped
+        replies, raw = own_replies(policy, examples, [task] * len(examples), progress=progress)
+    finally:
+        env.close()
+    kept = [dataclasses.replace(ex, reply=r, kind="format") for ex, r in zip(examples, replies) if r is not None]
+    usable = len(kept) / max(1, len(examples))
+    logger.info("own-answer warm-up: %d of %d direct replies give a well-formed answer", len(kept), len(examples))
+    return kept, {"pretrain_own_prompts": len(examples), "pretrain_own_usable": usable,
+                  "pretrain_own_examples": [[ex.text[-120:], r] for ex, r in zip(examples[:8], raw[:8])]}
+
+
 def encode(policy, examples: list[Example]) -> tuple[list[Sample], list[list[np.ndarray]]]:
     """Token samples of examples: the user message as the chat template renders a first
     message, then the reply closed by EOS; the loss mask covers the reply."""
@@ -440,11 +469,33 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
         held_examples = held.examples() + held.examples()
     finally:
         held.close()
+    own = cfg.replies == "own"
+    if own:  # the model's own answers, asked before any training
+        held_examples, _ = own_examples(policy, env_id, env_kwargs, held_examples, progress=progress)
     held_samples, held_images = encode(policy, held_examples)
     kinds = np.array([ex.kind for ex in held_examples])
-    exact_examples = held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision, streams=min(64, cfg.batch))
+    exact_examples = [] if own else held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision,
+                                                      streams=min(64, cfg.batch))
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
                                 cfg.observe_fraction, cfg.reasoning, follow, first_episode, cfg.success_fraction)
+    pool: list[Example] = []
+    own_report: dict[str, Any] = {}
+    if own:  # every step's examples, answered by the start model before training begins
+        try:
+            drawn = [ex for _ in range(cfg.steps) for ex in streams.examples()]
+        finally:
+            streams.close()
+        pool, own_report = own_examples(policy, env_id, env_kwargs, drawn, progress=progress)
+        if not pool:
+            raise RuntimeError(f"no usable answer in the model's {len(drawn)} direct replies to {env_id}'s prompts: "
+                               "the own-answer warm-up needs a task the model can answer in a few words; "
+                               "use --pretrain-replies random")
+
+    def next_examples(step: int) -> list[Example]:
+        if not own:
+            return streams.examples()
+        start = (step * cfg.batch) % len(pool)
+        return (pool + pool)[start:start + cfg.batch]
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
@@ -472,7 +523,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
                 bar.refresh()
             if cfg.seconds is not None and time.monotonic() - start >= cfg.seconds:
                 break
-            samples, images = encode(policy, streams.examples())
+            samples, images = encode(policy, next_examples(step))
             st = supervised_step(policy, optimizer, samples, images, micro_batch=micro_batch,
                                  max_grad_norm=cfg.max_grad_norm)
             if not math.isfinite(st["loss"]):
@@ -491,6 +542,8 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     if not checks or checks[-1][0] != len(losses):  # the model as it ends, unless the last check saw it
         checks.append([len(losses), exact_rate(policy, exact_examples)])
     exact = checks[-1][1]
+    if own:
+        checks = []
     return {
         "pretrain_steps": len(losses), "pretrain_seconds": seconds,
         "pretrain_loss_first": losses[0] if losses else float("nan"),
@@ -502,6 +555,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
            if cfg.until_exact > 0 else {}),
         "pretrain_episodes": streams._episodes - first_episode,
         **({"pretrain_successes_imitated": streams.successes_found} if cfg.success_fraction > 0 else {}),
+        **own_report,
     }
 
 
@@ -517,6 +571,8 @@ def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, 
             del recipe[name]
     if not recipe["success_fraction"]:  # likewise before the imitation of random play's successes existed
         del recipe["success_fraction"]
+    if recipe["replies"] == "random":  # likewise before the own-answer warm-up existed
+        del recipe["replies"]
     if not recipe["follow_steps"]:  # likewise before the follow stage existed
         del recipe["follow_steps"], recipe["follow_fraction"]
     parts: list[Any] = [PRETRAIN_VERSION, base_model.name, env_id, env_kwargs or {}, recipe, seed,

@@ -224,7 +224,9 @@ def start_model(cfg: Config, resume: Path | None, modality: str, update_threads:
         from agents.policies.tiny import build_tiny_model
 
         return build_tiny_model(modality, seed=cfg.run.model_seed(), width=cfg.model.tiny_width), {}
-    return Path(cfg.model.model), {}
+    from agents.pretrained import resolve_model
+
+    return Path(resolve_model(cfg.model.model)), {}
 
 
 # -- the start of RL -----------------------------------------------------------------------------

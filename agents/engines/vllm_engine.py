@@ -97,6 +97,9 @@ class VLLMEngine:
             dtype = "float32" if self.on_cpu else "bfloat16"
         if enforce_eager is None:  # CUDA graphs on GPUs; the CPU build runs eagerly
             enforce_eager = self.on_cpu
+        from agents.pretrained import resolve_model
+
+        model_path = resolve_model(model_path)  # a short name or a .gguf: its converted folder
         config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=False)
         self.is_vision = getattr(config, "vision_config", None) is not None
         self.image_token_id: int | None = getattr(config, "image_token_id", None) if self.is_vision else None

@@ -173,7 +173,9 @@ class Policy:
     ) -> "Policy":
         """Load a causal LM or a Qwen2-VL-family VLM with its tokenizer/processor.
 
-        ``path`` is a local folder (or a hub id where a hub is reachable). Vision models are
+        ``path`` is a local folder, a ``.gguf`` file or a known short name
+        (:func:`agents.pretrained.resolve_model`: converted on first use), or a hub id where a hub is
+        reachable. Vision models are
         recognised by their config (a ``vision_config``), text models load with
         ``AutoModelForCausalLM``. A folder holding LoRA adapters (``adapter_config.json``, as a
         LoRA run's checkpoints do) loads its base model and the adapters on it.
@@ -182,8 +184,10 @@ class Policy:
         for ``device``), ``compute_dtype`` the one forward passes run in (default: ``dtype``):
         a trained policy keeps fp32 weights and computes in bf16 under autocast.
         """
+        from agents.pretrained import resolve_model
         from agents.policies.precision import resolve_dtype
 
+        path = resolve_model(path)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         compute_dtype = dtype if compute_dtype is None else resolve_dtype(compute_dtype, device)

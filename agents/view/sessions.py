@@ -111,6 +111,13 @@ class PolicyCache:
             path = str(build_tiny_model(modality))
             label = f"embedded tiny {modality} model"
         else:
+            from agents.pretrained import KNOWN_MODELS, converted_folder
+
+            if model in KNOWN_MODELS:  # a short name plays once converted (converting takes a while)
+                folder = converted_folder(model)
+                if folder is None:
+                    raise ViewError(f"{model} is not converted yet: python -m agents.pretrained pull {model}")
+                model = str(folder)
             if not Path(model).expanduser().exists():
                 raise ViewError(f"no model folder at {model}")
             folder, problem = model_folder_problem(model)  # a checkpoint folder: play its model, if intact
