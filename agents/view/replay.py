@@ -9,8 +9,10 @@ buffer's age histogram, tau, drift, the on-policy update's statistics).
 
 Read as untrusted input, like every run file: only regular segment files inside the viewer's
 root, each at most :data:`MAX_SEGMENT_BYTES`, decompressed to at most :data:`MAX_TEXT_BYTES` per
-member and :data:`MAX_LOG_TEXT_BYTES` per run (newest segments first; older ones beyond that are
-left out and said so), lines parsed with bounded depth; a torn last member (a run still writing
+member, :data:`MAX_SEGMENT_TEXT_BYTES` (and :data:`MAX_RATIO` times the file) per segment, both
+checked while decompressing, one member held at a time, and :data:`MAX_LOG_TEXT_BYTES` per run
+(newest segments first; older ones beyond that are left out and said so), lines parsed with
+bounded depth; a torn last member (a run still writing
 or killed) is skipped and said so. Each segment's summary is cached until the file changes, so
 a page polling a live run re-reads only the segment being written. Episode text and token ratios
 are not kept in memory: an episode page re-reads the members that hold them.
@@ -38,6 +40,10 @@ FOLDER = "replay_log"
 SEGMENT = re.compile(r"^seg-(\d{6})\.jsonl\.gz$")
 MAX_SEGMENT_BYTES = 256 << 20
 MAX_TEXT_BYTES = 64 << 20
+#: What one segment's members may decompress to in all, and at most this many times the file
+#: (at least MAX_TEXT_BYTES): a 1.3 MB segment of 40 gzip members of 32 MB each was read whole.
+MAX_SEGMENT_TEXT_BYTES = 256 << 20
+MAX_RATIO = 100
 MAX_LOG_TEXT_BYTES = 1 << 30
 #: The loss's age buckets of the IS ESS (``learner.loss.AGE_BUCKETS``), in order.
 ESS_BUCKETS = ("0", "1-2", "3-8", "9+")
@@ -71,35 +77,48 @@ class Segment:
     text_bytes: int = 0
 
 
-def _members(data: bytes) -> tuple[list[tuple[int, int, bytes]], str]:
-    """``(offset, length, text)`` of each whole gzip member, and a problem ('' if none)."""
-    out, pos = [], 0
+def _members(data: bytes, visit: Any) -> tuple[int, int, str]:
+    """Call ``visit(index, offset, length, text)`` for each whole gzip member, one at a time,
+    and return ``(members, text bytes, problem)`` (the problem '' if none). Decompression stops
+    at :data:`MAX_TEXT_BYTES` for a member and at the segment's cap in all, checked as it goes."""
+    view = memoryview(data)
+    cap = min(MAX_SEGMENT_TEXT_BYTES, max(MAX_TEXT_BYTES, MAX_RATIO * len(data)))
+    pos = total = count = 0
     while pos < len(data):
         d = zlib.decompressobj(31)
+        room = min(MAX_TEXT_BYTES, cap - total)
         try:
-            text = d.decompress(data[pos:], MAX_TEXT_BYTES)
+            text = d.decompress(view[pos:], room)
         except zlib.error as exc:
-            return out, f"is corrupt after {len(out)} iterations ({exc}); the rest is skipped"
+            return count, total, f"is corrupt after {count} iterations ({exc}); the rest is skipped"
         if d.unconsumed_tail:
-            return out, f"has a member that decompresses past {MAX_TEXT_BYTES:,} bytes; the rest is skipped"
+            limit = f"{MAX_TEXT_BYTES:,} bytes for one member" if room == MAX_TEXT_BYTES else \
+                f"{cap:,} bytes for the segment"
+            return count, total, f"decompresses past {limit} (a compression bomb?); the rest is skipped"
         if not d.eof:
-            return out, "ends in a torn iteration (a run still writing, or killed mid-write); it is skipped"
+            return count, total, "ends in a torn iteration (a run still writing, or killed mid-write); it is skipped"
         length = len(data) - pos - len(d.unused_data)
-        out.append((pos, length, text))
+        visit(count, pos, length, text)
+        total += len(text)
+        count += 1
         pos += length
-    return out, ""
+    return count, total, ""
+
+
+_LINE = re.compile(rb"[^\n]+")
 
 
 def _rows(text: bytes, what: str) -> list[dict[str, Any]]:
     rows = []
-    for line in text.decode("utf-8", errors="replace").splitlines():
-        if line.strip():
-            try:
-                row = loads_json(line, what=what)
-            except UnsafeFileError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
+    for match in _LINE.finditer(text):  # non-empty lines, without a list of every line
+        if not match.group(0).strip():
+            continue
+        try:
+            row = loads_json(match.group(0).decode("utf-8", errors="replace"), what=what)
+        except UnsafeFileError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
@@ -120,12 +139,9 @@ def read_segment(path: Path, root: Path) -> Segment:
     except (OSError, UnsafeFileError) as exc:
         seg.problems.append(f"{path.name} cannot be read: {exc}")
         return seg
-    members, problem = _members(data)
-    if problem:
-        seg.problems.append(f"{FOLDER}/{path.name} {problem}")
-    for m, (offset, length, text) in enumerate(members):
+
+    def visit(m: int, offset: int, length: int, text: bytes) -> None:
         seg.members.append((offset, length))
-        seg.text_bytes += len(text)
         for row in _rows(text, f"{path.name}"):
             kind = row.get("type")
             if kind == "header":
@@ -138,6 +154,11 @@ def read_segment(path: Path, root: Path) -> Segment:
                 seg.episodes[row["id"]] = {"id": row["id"], "iteration": row.get("iteration"), "seed": row.get("seed"),
                                            "return": _num(row.get("return")), "success": bool(row.get("success")),
                                            "group": row.get("group"), "_member": m}
+
+    _, seg.text_bytes, problem = _members(data, visit)
+    del data
+    if problem:
+        seg.problems.append(f"{FOLDER}/{path.name} {problem}")
     with _cache_lock:
         _segment_cache[path] = (key, seg)
         while len(_segment_cache) > _SEGMENT_CACHE_MAX:

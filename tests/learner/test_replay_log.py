@@ -249,3 +249,34 @@ def test_a_segment_that_is_a_compression_bomb_or_not_json_is_a_named_error(runs:
         with pytest.raises(UnsafeFileError, match="seg-000000.jsonl.gz"):
             ReplayLog(run, max_bytes=1 << 20, resume_iteration=3)  # what a resume does
     assert replay_log_main([str(run)]) == 2  # the CLI: one line, no traceback
+
+
+def test_the_viewer_stops_decompressing_a_bomb_segment_while_reading_it(runs: Path, tmp_path: Path) -> None:
+    """The repro of issue 54 item 4, scaled down: a segment of many gzip members of 16 MB each
+    (about 400 KB on disk) was decompressed whole, its per-run cap checked only afterwards (40
+    members of 32 MB took the viewer to 2.6 GB with no answer in 200 s). Now the segment's cap
+    (100 times the file, at least 64 MB) is checked while decompressing, one member held at a
+    time: the page answers at once, naming the problem, with the iterations before the bomb."""
+    import time
+    import tracemalloc
+    import zlib
+
+    from agents.view.replay import figures, read_log
+
+    run = tmp_path / "bomb"
+    shutil.copytree(runs / "fresh", run)
+    (seg,) = sorted((run / "replay_log").glob("seg-*.jsonl.gz"))
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    member = comp.compress(b"\n" * (16 << 20)) + comp.flush()
+    seg.write_bytes(seg.read_bytes() + member * 24)  # 384 MB of text
+    t0 = time.monotonic()
+    tracemalloc.start()
+    try:
+        log = read_log(run, tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 160 << 20, peak  # a member or two in memory, never the whole segment
+    assert time.monotonic() - t0 < 20
+    assert any("decompresses past 67,108,864 bytes for the segment" in p for p in log.problems), log.problems
+    assert figures(log)["iterations"] == [1, 2, 3, 4]
