@@ -12,6 +12,12 @@ rebuild reads the same). Checkpoints, episodes and logs stay behind; ``--episode
 final evaluation's episodes as one example (``eval/final/records.jsonl.gz``). The gzip stream is
 written by ``zopfli`` where it is installed (about 15% smaller), by Python's gzip otherwise;
 either decompresses with any gzip reader.
+
+Nothing is lost: every line of the metrics must be a JSON object (a damaged line is an error
+naming it, exit 2, and nothing is written or deleted; only a torn last line of a killed run is
+left out, and then ``--in-place`` keeps ``metrics.jsonl``), the metrics file must be a regular
+file, and ``--in-place`` deletes ``metrics.jsonl`` only once the archive reads back with every
+row it held.
 """
 
 from __future__ import annotations
@@ -32,6 +38,60 @@ from typing import Any
 DIGITS = 8
 #: What an archived run keeps besides its metrics (summary_<N>.* are matched separately).
 KEPT = ("config.yaml", "summary.json", "summary.txt", "environment.json")
+#: The most metrics text read (plain or decompressed).
+MAX_METRICS_BYTES = 2 << 30
+
+
+class ArchiveError(ValueError):
+    """Metrics that cannot be archived whole; the message names the file and the line."""
+
+
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a ``metrics.jsonl`` (or its ``.gz``) and whether a torn last line (no newline
+    at its end, not JSON: a killed run's) was left out. Any other line that is not a JSON object,
+    not UTF-8 or nested too deeply is an :class:`ArchiveError` naming it; the file must be a
+    regular file (no link, FIFO or device) of at most :data:`MAX_METRICS_BYTES`."""
+    from agents.safeio import UnsafeFileError, loads_json, open_regular
+
+    archived = path.with_name(path.name + ".gz")
+    source = archived if not os.path.lexists(path) and os.path.lexists(archived) else path
+    try:
+        fd, _ = open_regular(source)
+    except UnsafeFileError as exc:
+        raise ArchiveError(str(exc)) from None
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if source.name.endswith(".gz") else raw
+        try:
+            data = stream.read(MAX_METRICS_BYTES + 1)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise ArchiveError(f"{source} cannot be read: {exc}") from None
+    if len(data) > MAX_METRICS_BYTES:
+        raise ArchiveError(f"{source} holds more than {MAX_METRICS_BYTES:,} bytes of metrics; it is not archived")
+    lines = data.split(b"\n")
+    torn = False
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        last = number == len(lines)  # no newline after it
+        try:
+            row = loads_json(line.decode("utf-8"), what=f"{source} line {number}")
+            if not isinstance(row, dict):
+                raise UnsafeFileError(f"{source} line {number} is a JSON {type(row).__name__}, not an object")
+        except UnicodeDecodeError as exc:
+            problem = f"{source} line {number} is not UTF-8 ({exc.reason} at byte {exc.start})"
+        except UnsafeFileError as exc:
+            problem = str(exc)
+        else:
+            rows.append(row)
+            continue
+        if last:
+            torn = True
+            continue
+        raise ArchiveError(f"{problem}: it cannot be archived, so nothing was written or deleted; repair or remove "
+                           "that line and run the archive again")
+    return rows, torn
 
 
 def round_floats(value: Any, digits: int = DIGITS) -> Any:
@@ -82,11 +142,9 @@ def _zopfli(data: bytes) -> bytes | None:
 def archive_run(run: Path, dest: Path, episodes: bool = False) -> int:
     """Archive ``run`` into ``dest`` (``dest`` may be ``run``: re-pack it in place); the bytes
     the folder holds afterwards."""
-    from learner.report import read_metrics
-
-    if not (run / "metrics.jsonl").is_file() and not (run / "metrics.jsonl.gz").is_file():
+    if not any(os.path.lexists(run / name) for name in ("metrics.jsonl", "metrics.jsonl.gz")):
         raise FileNotFoundError(f"{run} holds no metrics.jsonl (or .gz): not a run folder")
-    rows = read_metrics(run / "metrics.jsonl")
+    rows, torn = read_rows(run / "metrics.jsonl")
     in_place = dest.resolve() == run.resolve()
     dest.mkdir(parents=True, exist_ok=True)
     if not in_place:
@@ -96,9 +154,15 @@ def archive_run(run: Path, dest: Path, episodes: bool = False) -> int:
         final = run / "eval" / "final" / "records.jsonl"
         if episodes and final.is_file():
             write_gzip(final.read_bytes(), dest / "eval" / "final" / "records.jsonl.gz")
-    write_gzip(pack_metrics(rows), dest / "metrics.jsonl.gz")
-    if in_place:
-        (run / "metrics.jsonl").unlink(missing_ok=True)  # the archive holds it now
+    packed = pack_metrics(rows)
+    write_gzip(packed, dest / "metrics.jsonl.gz")
+    if in_place and os.path.lexists(run / "metrics.jsonl"):
+        kept, _ = read_rows(dest / "metrics.jsonl.gz")
+        if torn:
+            print(f"note: {run / 'metrics.jsonl'} ends in a torn line, which the archive leaves out; "
+                  "metrics.jsonl is kept", file=sys.stderr)
+        elif len(kept) == len(rows):
+            (run / "metrics.jsonl").unlink()  # the archive holds every row of it now
     return sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
 
 
@@ -122,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             size = archive_run(run, dest, episodes=args.episodes)
-        except OSError as exc:  # FileNotFoundError (not a run folder) included
+        except (OSError, ValueError) as exc:  # not a run folder, a damaged line, not a regular file
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"{dest}: {size / 1e3:,.0f} kB")

@@ -84,3 +84,37 @@ def test_bad_targets_are_refused_with_a_reason(tmp_path: Path, capsys) -> None:
     (tmp_path / "empty").mkdir()
     assert archive.main([str(tmp_path / "empty"), "--into", str(tmp_path / "out")]) == 2
     assert "not a run folder" in capsys.readouterr().err
+
+
+def test_in_place_never_deletes_what_it_could_not_archive(tmp_path: Path, capsys) -> None:
+    """The repro (issue 54 item 9): ``archive --in-place`` on metrics with one damaged middle line
+    dropped the line, deleted ``metrics.jsonl`` and exited 0. Now a damaged or non-UTF-8 line is
+    an error naming it and nothing is written or deleted; a torn last line (a killed run's) is
+    left out of the archive and ``metrics.jsonl`` kept; a FIFO is refused, not waited on."""
+    import os
+
+    live = _live_copy(tmp_path)
+    metrics = live / "metrics.jsonl"
+    good = metrics.read_bytes()
+    lines = good.splitlines(keepends=True)
+    for damage, problem in ((b'{"iteration": 2, "loss": 0.\n', "line 3 is not valid JSON"),
+                            (b"\xff\xfe garbage\n", "line 3 is not UTF-8"),
+                            (b"[1, 2]\n", "line 3 is a JSON list, not an object")):
+        metrics.write_bytes(b"".join(lines[:2]) + damage + b"".join(lines[2:]))
+        before = metrics.read_bytes()
+        assert archive.main(["--in-place", str(live)]) == 2
+        err = capsys.readouterr().err
+        assert problem in err and "nothing was written or deleted" in err and "Traceback" not in err, err
+        assert metrics.read_bytes() == before and not (live / "metrics.jsonl.gz").exists()
+        assert archive.main([str(live), "--into", str(tmp_path / "out")]) == 2
+        assert problem in capsys.readouterr().err and not (tmp_path / "out" / live.name / "metrics.jsonl.gz").exists()
+    torn = good + b'{"iteration": 99, "lo'
+    metrics.write_bytes(torn)
+    assert archive.main(["--in-place", str(live)]) == 0
+    assert "torn line" in capsys.readouterr().err and metrics.read_bytes() == torn
+    assert archive.read_rows(live / "metrics.jsonl.gz") == (archive.read_rows(metrics)[0], False)
+    metrics.write_bytes(good)
+    assert archive.main(["--in-place", str(live)]) == 0 and not metrics.exists()  # whole: the archive holds it
+    os.mkfifo(metrics)
+    assert archive.main(["--in-place", str(live)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
