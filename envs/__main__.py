@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             root = scaffold(args.env_id, args.dir)
-        except (ValueError, FileExistsError) as exc:
+        except (ValueError, OSError) as exc:  # a bad id or namespace, not a folder, not writable
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"wrote {args.env_id} to {root}/. Next: pip install -e '{root}[test]' && (cd {root} && pytest)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import sys
 from pathlib import Path
 
 from envs.registry import validate_id
@@ -165,16 +166,30 @@ def _camel_to_snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+#: Top-level packages of this project: a plugin package of that name would shadow (or be shadowed
+#: by) the project's own.
+PROJECT_PACKAGES = frozenset({"envs", "agents", "replay", "learner", "train", "freshper", "tests", "benchmarks",
+                              "experiments", "conftest"})
+
+
 def scaffold(env_id: str, folder: str | Path | None = None, *, overwrite: bool = False) -> Path:
     """Write the plugin package for ``env_id`` (``namespace/Name-vN``) into ``folder``
-    (default ``./<namespace>``); return the folder. Refuses a non-empty folder unless ``overwrite``."""
+    (default ``./<namespace>``); return the folder. Refuses a namespace naming one of the
+    project's own packages or a standard-library module, a ``folder`` that is not a folder (a
+    file, ``/dev/null``) and a non-empty folder unless ``overwrite``."""
     validate_id(env_id)
     namespace, rest = env_id.split("/")
     name = rest.rsplit("-v", 1)[0]
     package = namespace.replace("-", "_")
     if not package.isidentifier() or keyword.iskeyword(package):
         raise ValueError(f"the namespace {namespace!r} must be a Python package name (letters, digits, _)")
+    if package in PROJECT_PACKAGES or package in getattr(sys, "stdlib_module_names", ()):
+        whose = "this project's own package" if package in PROJECT_PACKAGES else "a standard-library module"
+        raise ValueError(f"the namespace {namespace!r} would name the plugin package {package!r}, {whose}, which it "
+                         "would shadow; choose another namespace (e.g. your project's name)")
     root = Path(folder) if folder is not None else Path(namespace)
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        raise FileExistsError(f"{root} exists and is not a folder; choose another DIR")
     if root.exists() and any(root.iterdir()) and not overwrite:
         raise FileExistsError(f"{root} exists and is not empty; choose another DIR")
     fields = {"env_id": env_id, "name": name, "package": package, "dist": namespace, "cls": f"{name}Env",

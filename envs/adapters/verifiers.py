@@ -47,11 +47,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import importlib
 import json
 import os
 import queue
 import re
+import signal
 import threading
 import time
 from typing import Any, Callable, ClassVar
@@ -113,7 +115,27 @@ def load_verifiers_env(env: Any, env_args: dict[str, Any] | None = None) -> Any:
                     f"an installed verifiers environment id, got {type(env).__name__}")
 
 
+@contextlib.contextmanager
+def _host_signal_handlers() -> Any:
+    """Put the host's SIGINT and SIGTERM handlers back after the block: building a verifiers
+    ``Environment`` installs process-wide ones (SIGTERM becomes ``exit(143)``, a ``SystemExit``
+    raised inside whatever code runs when the signal arrives)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():  # elsewhere no handler can be set
+            for sig, handler in saved.items():
+                if handler is not None and signal.getsignal(sig) is not handler:
+                    signal.signal(sig, handler)
+
+
 def _build(vf: Any, env: str | Callable[..., Any], args: dict[str, Any]) -> Any:
+    with _host_signal_handlers():
+        return _build_env(vf, env, args)
+
+
+def _build_env(vf: Any, env: str | Callable[..., Any], args: dict[str, Any]) -> Any:
     if callable(env):
         made, what = env(**args), getattr(env, "__qualname__", repr(env))
     elif ":" in env:

@@ -353,3 +353,25 @@ def test_the_runner_plays_the_adapted_task_and_records_what_verifiers_scores() -
         assert [t.observation for t in rec.turns][1:] == env_messages(output)[:len(replies) - 1]
         assert rec.info["final_observation"] == env_messages(output)[len(replies) - 1]
     probe.close()
+
+
+def test_building_an_environment_leaves_the_hosts_signal_handlers_as_they_were() -> None:
+    """Issue 54 item 10: building a verifiers environment through the adapter installed verifiers'
+    process-wide SIGTERM handler (``exit(143)``), which turned a later SIGTERM into a SystemExit
+    inside whatever code ran (seen in matplotlib)."""
+    import signal
+
+    def host_term(signum, frame) -> None:
+        pass
+
+    def host_int(signum, frame) -> None:
+        pass
+
+    before = signal.signal(signal.SIGTERM, host_term), signal.signal(signal.SIGINT, host_int)
+    try:
+        env = envs.make("freshper/Verifiers-v0", env=FACTORY, env_args={"max_turns": 2, "n": 4})
+        env.close()
+        assert signal.getsignal(signal.SIGTERM) is host_term and signal.getsignal(signal.SIGINT) is host_int
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])

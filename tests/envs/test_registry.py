@@ -241,3 +241,23 @@ def test_the_readmes_task_table_lists_every_registered_task() -> None:
         row = next((r for r in rows if f"`{spec.id}`" in r), None)
         assert row is not None, f"{spec.id} is missing from the README's task table"
         assert spec.modality in row or (spec.modality == "vision" and "image" in row)
+
+
+def test_envs_new_refuses_the_projects_own_package_names_and_targets_that_are_not_folders(tmp_path, capsys) -> None:
+    """Issue 54 item 10: ``envs new`` into a file or ``/dev/null`` was a traceback, and
+    ``envs/Foo-v0`` wrote a plugin package named ``envs``, shadowing the project's own."""
+    from envs.__main__ import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    for argv, problem in ((["new", "mypkg/Foo-v0", str(afile)], "is not a folder"),
+                          (["new", "mypkg/Foo-v0", "/dev/null"], "is not a folder"),
+                          (["new", "envs/Foo-v0", str(tmp_path / "a")], "this project's own package"),
+                          (["new", "learner/Foo-v0", str(tmp_path / "b")], "this project's own package"),
+                          (["new", "train/Foo-v0", str(tmp_path / "c")], "this project's own package"),
+                          (["new", "json/Foo-v0", str(tmp_path / "d")], "a standard-library module")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert problem in err and "Traceback" not in err, (argv, err)
+    assert afile.read_text() == "keep" and not any((tmp_path / n).exists() for n in "abcd")
+    assert main(["new", "mypkg/Foo-v0", str(tmp_path / "ok")]) == 0 and (tmp_path / "ok" / "mypkg" / "tasks.py").is_file()
