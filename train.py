@@ -37,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from learner.checkpoint import CheckpointError, DiskFullError, disk_full
     from learner.config import parse_config
     from learner.run import NonFiniteError, train
+    from envs.registry import UnknownTaskError
 
     quiet_logging()
     try:
@@ -58,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("pretraining a --model runs in one process: pretrain it in a run without torchrun, "
                                  "then train its checkpoint's model folder under torchrun")
         train(cfg)
-    except (NonFiniteError, CheckpointError, DiskFullError, FileExistsError, ValueError, FloatingPointError) as exc:
+    except (NonFiniteError, CheckpointError, DiskFullError, FileExistsError, ValueError, FloatingPointError,
+            UnknownTaskError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:

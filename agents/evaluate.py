@@ -15,7 +15,6 @@ observed as the board alone, as in training.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import sys
@@ -31,6 +30,32 @@ from agents.rollout.runner import Runner
 from agents.rollout.seeds import EVAL_SEED_BASE
 
 logger = logging.getLogger(__name__)
+
+#: train.py's reply cap (learner.config's ``rollout.max_new_tokens``): the CLIs' default, so an
+#: evaluation plays as training did.
+TRAIN_MAX_NEW_TOKENS = 8
+MAX_NEW_TOKENS_HELP = ("reply cap in tokens (default: the run's, for a model folder inside a train.py run; else "
+                       f"train.py's default, {TRAIN_MAX_NEW_TOKENS})")
+
+
+def run_max_new_tokens(model: str | None) -> int:
+    """The ``max_new_tokens`` of the train.py run whose checkpoint ``model`` is (its ``config.yaml``
+    a few folders up: ``<run>/checkpoints/iter_N/model``), else :data:`TRAIN_MAX_NEW_TOKENS`."""
+    if model:
+        from agents.safeio import load_yaml
+
+        folder = Path(model)
+        for parent in [folder, *folder.parents][:4]:
+            path = parent / "config.yaml"
+            if path.is_file():
+                try:
+                    value = (load_yaml(path.read_text(encoding="utf-8"), what=str(path)) or {}).get("max_new_tokens")
+                except Exception:  # not a run's config: the default
+                    break
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+                break
+    return TRAIN_MAX_NEW_TOKENS
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -152,12 +177,13 @@ def endpoint_main(argv: list[str]) -> int:
 
     from agents.rollout.openai_eval import EndpointError, EndpointRunner, add_arguments, endpoint_from_args, endpoint_summary
     from agents.rollout.runner import default_env_kwargs
+    from envs.cli import ArgumentParser, add_import_flag
     from envs.play import parse_kwargs
-    from envs.registry import task_spec
 
-    parser = argparse.ArgumentParser(prog="python -m agents.evaluate --base-url URL",
-                                     description="Evaluate a model behind an OpenAI-compatible chat-completions endpoint.")
+    parser = ArgumentParser(prog="python -m agents.evaluate --base-url URL",
+                            description="Evaluate a model behind an OpenAI-compatible chat-completions endpoint.")
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
+    add_import_flag(parser)
     parser.add_argument("--model", required=True, help="the model name the endpoint serves")
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed")
@@ -165,14 +191,18 @@ def endpoint_main(argv: list[str]) -> int:
     parser.add_argument("--context", default="window:0", help="'window:k' or 'full'")
     parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",
                         help="task keyword arguments (default: train.py's defaults for the task and context)")
-    parser.add_argument("--max-new-tokens", type=int, default=16, help="max_tokens of each request")
+    parser.add_argument("--max-new-tokens", type=int, default=TRAIN_MAX_NEW_TOKENS,
+                        help=f"max_tokens of each request (default: train.py's, {TRAIN_MAX_NEW_TOKENS})")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     endpoint = endpoint_from_args(parser, args)
-    task_spec(args.env)
+    error = _known_task(args.env, args.imports)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     env_kwargs = parse_kwargs(args.kw) if args.kw is not None else default_env_kwargs(args.env, args.context)
     runner = EndpointRunner(endpoint, args.env, env_kwargs=env_kwargs, context=args.context,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -197,15 +227,32 @@ def endpoint_main(argv: list[str]) -> int:
     return 0 if result.episodes else 1
 
 
+def _known_task(env_id: str, imports: list[str]) -> str:
+    """Import ``--import``'s modules and files; what is wrong with them or with ``env_id``, or ``""``."""
+    import envs  # noqa: F401  (registers the tasks)
+    from envs.cli import import_tasks
+    from envs.registry import UnknownTaskError, task_spec
+
+    try:
+        import_tasks(imports)
+        task_spec(env_id)
+    except (ValueError, UnknownTaskError) as exc:
+        return str(exc)
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     if any(a == "--base-url" or a.startswith("--base-url=") for a in args_in):
         return endpoint_main(args_in)
-    parser = argparse.ArgumentParser(prog="python -m agents.evaluate", description=__doc__.split("\n\n")[0],
+    from envs.cli import ArgumentParser, add_import_flag
+
+    parser = ArgumentParser(prog="python -m agents.evaluate", description=__doc__.split("\n\n")[0],
                                      epilog="--base-url URL --model NAME [--api-key-env VAR]: evaluate a model behind "
                                             "an OpenAI-compatible endpoint instead (--base-url URL -h lists its flags)")
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
-    parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model)")
+    add_import_flag(parser)
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model, untrained)")
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed (held-out seeds start at agents.rollout.seeds.EVAL_SEED_BASE = 1900000000)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
@@ -213,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kw", nargs="*", default=None, metavar="KEY=VALUE",
                         help="task keyword arguments, e.g. feedback=false (default: train.py's defaults for the task "
                              "and context, so a trained checkpoint sees the prompts it was trained on)")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help=MAX_NEW_TOKENS_HELP)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -222,9 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     configure_threads(args.threads)
-    import envs  # noqa: F401
     from envs.registry import task_spec
 
+    error = _known_task(args.env, args.imports)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     spec = task_spec(args.env)
     model = args.model
     if model is None:
@@ -240,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     from envs.play import parse_kwargs
 
     env_kwargs = parse_kwargs(args.kw) if args.kw is not None else default_env_kwargs(args.env, args.context)
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else run_max_new_tokens(args.model)
     result = evaluate(policy, args.env, episodes=args.episodes, seed=args.seed, greedy=args.greedy,
-                      env_kwargs=env_kwargs, context=args.context, max_new_tokens=args.max_new_tokens,
+                      env_kwargs=env_kwargs, context=args.context, max_new_tokens=max_new_tokens,
                       temperature=args.temperature, progress=True)
     print(f"model {model}, task kwargs {env_kwargs}")
     print(result.table())

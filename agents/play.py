@@ -8,15 +8,15 @@ then goes on from the new state). ``--model`` without a path is the embedded tin
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
+from envs.cli import ArgumentParser, import_tasks
 from envs.play import add_play_arguments, run_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.play", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m agents.play", description=__doc__.split("\n\n")[0])
     add_play_arguments(parser)
     parser.add_argument("--model", nargs="?", const="", default="", metavar="PATH",
                         help="model folder (HF layout, e.g. runs/<run>/checkpoints/iter_N/model); none: the embedded model")
@@ -29,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+    try:
+        import_tasks(args.imports)  # before the player: it reads the task's modality
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from agents.interactive import ModelPlayer
     from agents.view.runs import model_folder_problem
 

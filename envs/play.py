@@ -26,6 +26,7 @@ import numpy as np
 
 import envs
 from envs.base import IMAGE_PLACEHOLDER
+from envs.cli import ArgumentParser, add_import_flag, import_tasks
 
 QUIT = {"q", "quit", "exit"}
 
@@ -195,11 +196,13 @@ def add_play_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="reset seed (default: random)")
     parser.add_argument("--save-gif", metavar="PATH", default=None, help="write the episode's frames as a GIF")
     parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments, e.g. size=8")
+    add_import_flag(parser)
 
 
 def run_cli(args: argparse.Namespace, **play_kwargs: Any) -> int:
     """Play with parsed arguments; turn the usual failures into ``error:`` lines and exit codes."""
     try:
+        import_tasks(args.imports)
         play(args.env_id, seed=args.seed, kwargs=parse_kwargs(args.kw), save_gif=args.save_gif, **play_kwargs)
     except (KeyError, ValueError, RuntimeError, ImportError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -212,7 +215,7 @@ def run_cli(args: argparse.Namespace, **play_kwargs: Any) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m envs.play", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m envs.play", description=__doc__.split("\n\n")[0])
     add_play_arguments(parser)
     parser.add_argument("--random", action="store_true",
                         help="play the task's random agent to the end (random well-formed replies, no input)")

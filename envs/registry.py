@@ -232,7 +232,8 @@ def task_spec(env_id: str) -> TaskSpec:
         close = difflib.get_close_matches(env_id, list(_TASKS), n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise UnknownTaskError(
-            f"no task registered as {env_id!r}.{hint} Run `python -m envs list` to see all tasks."
+            f"no task registered as {env_id!r}.{hint} Run `python -m envs list` to see all tasks; a task "
+            "registered by a file or module of your own runs with --import FILE.py (or MODULE)."
         ) from None
 
 

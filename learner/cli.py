@@ -54,8 +54,36 @@ def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: st
         parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                             help=help_text)
     else:
-        parser.add_argument(flag, dest=name, type=lambda s, k=kind: parse_value(k, s), default=argparse.SUPPRESS,
+        parser.add_argument(flag, dest=name, type=lambda s, k=kind: flag_value(k, s), default=argparse.SUPPRESS,
                             metavar=kind.replace(" | None", "").split("[")[0].upper(), help=help_text)
+
+
+def flag_value(kind: str, text: str) -> Any:
+    """:func:`parse_value` for argparse: a value that does not parse is an error saying why
+    (for JSON, where), not argparse's "invalid <lambda> value"."""
+    try:
+        return parse_value(kind, text)
+    except ValueError as exc:
+        if not kind.startswith("dict"):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an' if kind[0] in 'aeiou' else 'a'} "
+                                             f"{kind.replace(' | None', '')}") from None
+        raise argparse.ArgumentTypeError(f"{json_error(text, exc)}") from None
+
+
+def json_error(text: str, exc: Exception) -> str:
+    """What is wrong with ``text`` as JSON, and where: the text with a caret under the place."""
+    import json
+
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as err:
+        at = text[err.pos:err.pos + 1]
+        quotes = at == "'" or at.isalpha() or at == "_"  # a single-quoted or bare key or string
+        hint = """ (JSON's keys and strings take double quotes: '{"size": 4}')""" if quotes else ""
+        return f"not valid JSON: {err.msg} at character {err.pos + 1}{hint}\n  {text}\n  {' ' * err.pos}^"
+    except Exception:
+        pass
+    return str(exc)
 
 
 def check_type(name: str, kind: str, value: Any) -> Any:

@@ -476,9 +476,12 @@ def to_yaml(cfg: Config) -> str:
 # -- the command line ----------------------------------------------------------------------------
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """``--config`` plus one documented flag per setting (and ``--async`` for ``--async-collect``)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from envs.cli import ArgumentParser, add_import_flag
+
+    parser = ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file of settings, flat (tau: 5) or by section (replay: {tau: 5}); "
                                          "flags given here override it")
+    add_import_flag(parser)
     default = Config()
     groups = {}
     for section in dataclasses.fields(Config):
@@ -502,7 +505,10 @@ def parse_config(argv: Sequence[str] | None = None, description: str | None = No
     and the flags and YAML may change only what may change mid-run (others are refused)."""
     from learner.checkpoint import CheckpointError, resolve_resume
 
+    from envs.cli import import_tasks
+
     args = vars(build_parser(description).parse_args(argv))
+    import_tasks(args.pop("imports"))  # --import: a module or file whose tasks the run names by id
     given: dict[str, Any] = {}
     path = args.pop("config", None)
     if path:

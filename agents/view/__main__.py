@@ -6,7 +6,6 @@ loopback interface unless ``--host`` says otherwise; nothing is loaded from othe
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Sequence
@@ -14,7 +13,9 @@ from typing import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, build the app and serve it until interrupted; 2 on a bad folder."""
-    parser = argparse.ArgumentParser(prog="python -m agents.view", description=__doc__.split("\n\n")[0])
+    from envs.cli import ArgumentParser, add_import_flag, import_tasks
+
+    parser = ArgumentParser(prog="python -m agents.view", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", default="runs", help="a folder of run folders, or one run folder (default: runs)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8765)
@@ -24,9 +25,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32: the precision play loads models in "
                                                        "(auto: bf16 on a GPU that supports it, fp32 on the CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="the model's reply length limit in play, in tokens")
+    add_import_flag(parser)
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+    try:
+        import envs  # noqa: F401  (the registered tasks: the play pages list them)
+
+        import_tasks(args.imports)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("PIL", "httpx", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
