@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, CheckpointError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    warning = silent_pretraining(cfg)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # process-wide: restored on return
     sharded = distributed.is_distributed()
@@ -74,6 +77,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sharded:
             distributed.finish()
     return 0
+
+
+#: Pretraining steps from which a run without progress bars says that it will be quiet a while.
+QUIET_PRETRAIN_STEPS = 100
+
+
+def silent_pretraining(cfg) -> str:
+    """What pretraining the run may do with no progress shown (``--no-progress``), where that is
+    ``QUIET_PRETRAIN_STEPS`` steps or more (minutes on a CPU): both stages, each named by its
+    flag, so a step count from a ``--config`` file is not a surprise; else ``""``."""
+    if cfg.run.progress or not (cfg.pretrains_embedded_model() or cfg.pretrains_given_model()):
+        return ""
+    recipe = cfg.pretrain.recipe()
+    most = (recipe.max_steps or 4 * recipe.steps) if recipe.until_exact > 0 else recipe.steps
+    if most + recipe.follow_steps < QUIET_PRETRAIN_STEPS:
+        return ""
+    stages = [f"{recipe.steps} steps (--pretrain-steps)" + (f", up to {most} until the held-out exact rate reaches "
+                                                              f"{recipe.until_exact:g}" if most > recipe.steps else "")]
+    if recipe.follow_steps:
+        stages.append(f"a second stage of {recipe.follow_steps} steps (--pretrain-follow-steps)")
+    cached = "; the embedded model's is built once per task and recipe, then cached" \
+        if cfg.pretrains_embedded_model() else ""
+    return (f"the start model's pretraining, {', then '.join(stages)}, may take minutes with no progress shown "
+            f"(--no-progress){cached}")
 
 
 def quiet_logging() -> None:

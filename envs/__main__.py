@@ -20,13 +20,16 @@ def _kwargs_text(kwargs: dict) -> str:
 
 
 def _description(spec: envs.TaskSpec) -> str:
-    """The description, with what to install when a package the task needs is missing."""
+    """The description, with the keyword arguments it cannot be built without."""
     text = spec.description
     if spec.needs:
         text += f" [needs {', '.join(k + '=...' for k in spec.needs)}]"
-    if spec.available:
-        return text
-    return f"{text} [not installed: {spec.install_hint or ', '.join(spec.missing())}]"
+    return text
+
+
+def _status(spec: envs.TaskSpec) -> str:
+    """What to install when a package the task needs is missing; ``""`` when it is there."""
+    return "" if spec.available else f"[not installed: {spec.install_hint or ', '.join(spec.missing())}]"
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:
@@ -37,8 +40,15 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+#: The listing's width: one line per task (id, modality, source, a missing package), then its
+#: description and its defaults, indented and wrapped at this width.
+LIST_WIDTH = 100
+
+
 def list_tasks(out: TextIO | None = None, as_json: bool = False) -> None:
-    """Write the table (or JSON lines) of registered tasks to ``out`` (default: ``sys.stdout`` now)."""
+    """Write the listing (or JSON lines) of registered tasks to ``out`` (default: ``sys.stdout`` now)."""
+    import textwrap
+
     out = sys.stdout if out is None else out
     specs = envs.registered_tasks()
     if as_json:
@@ -49,8 +59,19 @@ def list_tasks(out: TextIO | None = None, as_json: bool = False) -> None:
                                   "available": s.available, "install_hint": s.install_hint,
                                   "needs": list(s.needs)}) + "\n")
         return
-    rows = [[s.id, s.modality, _kwargs_text(s.kwargs), _description(s), s.source] for s in specs]
-    out.write(format_table(rows, ["id", "modality", "defaults", "description", "source"]) + "\n")
+    table = format_table([[s.id, s.modality, s.source] for s in specs], ["id", "modality", "source"]).split("\n")
+    indent = " " * 4
+    lines = [table[0] + "  (then: what it is; its defaults)", table[1]]
+    for spec, head in zip(specs, table[2:]):
+        status = _status(spec)
+        lines.append(textwrap.fill(f"{head}  {status}" if status else head, LIST_WIDTH, subsequent_indent=indent * 2,
+                                   break_on_hyphens=False))
+        lines.append(textwrap.fill(_description(spec), LIST_WIDTH, initial_indent=indent, subsequent_indent=indent,
+                                   break_on_hyphens=False))
+        if spec.kwargs:
+            lines.append(textwrap.fill(f"defaults: {_kwargs_text(spec.kwargs)}", LIST_WIDTH, initial_indent=indent,
+                                       subsequent_indent=indent + " " * len("defaults: "), break_on_hyphens=False))
+    out.write("\n".join(lines) + "\n")
     out.write(f"\n{len(specs)} tasks. Play one: python -m envs.play <id>\n")
 
 
@@ -64,7 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_new.add_argument("dir", nargs="?", default=None, help="where to write it (default: ./<namespace>)")
     args = parser.parse_args(argv)
     if args.command == "list":
-        list_tasks(as_json=args.json)
+        try:
+            list_tasks(as_json=args.json)
+        except BrokenPipeError:  # piped into `head` and closed
+            return 141
         return 0
     if args.command == "new":
         from envs.scaffold import scaffold

@@ -318,7 +318,7 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
     text = (f"\n{table}\n\n{verdict}\n{state['iteration']} iterations, "
             f"{state['episodes']} training episodes, {state['nonfinite_total']} skipped updates, "
             f"{state.get('rl_seconds', 0.0):.0f} s of RL iterations in all (resumed sessions included), "
-            f"wall time of this session {wall:.0f} s\n"
+            f"wall time of this session {wall:.0f} s (its set-up and the start model's pretraining included)\n"
             "action spread: mean total-variation distance between the policy's action distributions on different "
             "states (0 = the same everywhere); counterfactual: how much more the policy takes the move a changed "
             "detail favours (0 = blind to it)")

@@ -115,6 +115,7 @@ def setup(cfg: Config) -> Run:
     from agents.policies.precision import vllm_dtype
     from learner.checkpoint import RunLock, loading, verify_resume
 
+    started = time.monotonic()  # the session's wall time counts the start model's pretraining too
     validate(cfg)
     if cfg.rollout.env_kwargs is None:
         cfg.rollout = dataclasses.replace(cfg.rollout, env_kwargs=cfg.rollout.task_kwargs())
@@ -198,12 +199,12 @@ def setup(cfg: Config) -> Run:
                                              update_function(cfg, learner_policy, state, run_dir, skip_span))
     run = Run(cfg, run_dir, policy, state, collector, cfg.rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1),
               metrics, update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner,
-              replay_log=replay_log)
+              replay_log=replay_log, wall_start=started)
     if resume is not None:
         for row in read_metrics(run_dir / "metrics.jsonl"):
             if row.get("kind") == "eval" and str(row.get("phase")).startswith("baseline"):
                 run.evals[row["phase"]] = row
-    print(f"run folder: {run_dir}\n{to_yaml(cfg)}")
+    print(f"run folder: {run_dir} (its settings: {run_dir / 'config.yaml'})")
     return run
 
 
@@ -516,5 +517,7 @@ def pretrain_line(run: Run) -> str:
             rep = next((r for r in map(json.loads, fh) if r.get("kind") == "pretrain"), {})
     if not rep:
         return ""
+    took = f"; {rep['pretrain_seconds']:.0f} s of this session" if run.start_report and not rep.get("cached") \
+        and "pretrain_seconds" in rep else ""
     return (f"the start: pretrained {steps_phrase(rep)} on the task's transitions{success_phrase(rep)}"
-            f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}")
+            f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}{took}")
