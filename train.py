@@ -104,9 +104,9 @@ def silent_pretraining(cfg) -> str:
 
 
 def quiet_logging() -> None:
-    """INFO logs with times; the chatty libraries (matplotlib, PIL, httpx, transformers) quieter."""
+    """INFO logs with times; the chatty libraries (matplotlib, PIL, httpx, bm25s, transformers) quieter."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("matplotlib", "PIL", "httpx"):
+    for noisy in ("matplotlib", "PIL", "httpx", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         from transformers.utils import logging as hf_logging

@@ -133,6 +133,27 @@ def task_episodes(env_id: str, rng: random.Random, env_kwargs: dict | None = Non
     """The messages of ``episodes_per_task`` episodes of ``env_id`` played with random replies
     drawn from ``rng`` (each preceded by its role line). A task that cannot be built or fails
     while it is played gives what was played before the failure, with a warning that says why."""
+    with _quiet_tasks():
+        return _task_episodes(env_id, rng, env_kwargs, episodes_per_task, seed)
+
+
+@contextlib.contextmanager
+def _quiet_tasks():
+    """The tasks' own INFO lines (SearchQA building its knowledge base and index) held back while
+    their episodes are sampled for a tokenizer: they would read as if the run used those tasks."""
+    loggers = [logging.getLogger(name) for name in ("envs", "bm25s")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _task_episodes(env_id: str, rng: random.Random, env_kwargs: dict | None, episodes_per_task: int,
+                   seed: int) -> list[str]:
     from envs.registry import make
 
     try:

@@ -109,6 +109,8 @@ class BM25Retriever:
     ) -> None:
         import bm25s
 
+        if logging.getLogger("bm25s").level == logging.DEBUG:  # bm25s sets DEBUG on import: its lines as the app's
+            logging.getLogger("bm25s").setLevel(logging.NOTSET)
         if isinstance(corpus, (str, Path)):
             self.passages = [Passage(i, t, x) for i, t, x in load_corpus(corpus)]
         else:
