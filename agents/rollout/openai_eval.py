@@ -15,6 +15,12 @@ in-process path (:mod:`agents.evaluate`), and ``--save`` writes the project's re
   conversation. No system message is added (the model's chat template applies its default).
 - Vision tasks send each observation's image as a PNG data URL (``image_url`` content parts,
   in place of the ``<image>`` placeholder).
+- Every answer is read as hostile: a request, its whole answer included, ends within
+  ``--request-timeout`` however the server paces it; the body is read as it arrives (chunked,
+  gzip or deflate) and refused once it decodes past ``--max-response-bytes`` (16 MB); its
+  JSON may nest at most 64 deep, and every field used is checked for its type (``logprob`` a
+  finite number, ``usage`` counts non-negative integers, ...). Each is a malformed answer,
+  retried as below, never a traceback.
 - At most ``--concurrency`` episodes play at once. A request that times out, gets a 429 or a
   5xx, a malformed answer or a dropped connection is retried up to ``--max-retries`` times with
   exponential backoff (``Retry-After`` honoured); an episode that still cannot go on is recorded
@@ -37,6 +43,7 @@ import asyncio
 import base64
 import io
 import logging
+import math
 import os
 import random
 import sys
@@ -49,6 +56,7 @@ import numpy as np
 
 from agents.record import Sample, Trajectory, Turn, episode_stats
 from agents.rollout.seeds import request_seed
+from envs.wire import ACCEPT_ENCODING, AnswerError, CappedBody, clip, loads_json
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +84,7 @@ class Completion:
     finished: bool  # ended by the model (False: cut by max_tokens)
     tokens: list[tuple[str, float]] | None = None  # (token text, log-prob), when returned
     token_ids: list[int] | None = None  # when the endpoint names ids ("token_id:N")
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)  # the counts of USAGE_KEYS the answer gave
 
 
 def image_data_url(image: np.ndarray) -> str:
@@ -122,25 +130,66 @@ def _parse_token_id(token: str) -> int | None:
     return None
 
 
+def _finite(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {clip(value, 60)}")
+    return float(value)
+
+
+#: The token counts read from an answer's ``usage`` (each a non-negative integer or absent).
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
 def parse_completion(payload: Any) -> Completion:
-    """The first choice of a chat-completions answer; ``ValueError`` when it is malformed."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list) or not payload["choices"]:
-        raise ValueError(f"no choices in the answer: {str(payload)[:200]}")
-    choice = payload["choices"][0]
+    """The first choice of a chat-completions answer, every field it uses checked for its type;
+    ``ValueError`` naming the field when one is malformed."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"the answer is not a JSON object: {clip(payload)}")
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise ValueError(f"no choices in the answer: {clip(payload)}")
+    choice = choices[0]
     if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-        raise ValueError(f"a choice without a message: {str(choice)[:200]}")
-    text = choice["message"].get("content") or ""
+        raise ValueError(f"a choice without a message: {clip(choice)}")
+    text = choice["message"].get("content")
+    text = "" if text is None else text
     if not isinstance(text, str):
-        raise ValueError(f"message content is not text: {str(text)[:200]}")
+        raise ValueError(f"message content is not text: {clip(text)}")
+    finish = choice.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise ValueError(f"'finish_reason' must be a string or null, got {clip(finish, 60)}")
     tokens = ids = None
     lp = choice.get("logprobs")
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        tokens = [(str(t.get("token", "")), float(t.get("logprob", 0.0))) for t in lp["content"] if isinstance(t, dict)]
-        parsed = [_parse_token_id(t) for t, _ in tokens]
-        if tokens and all(p is not None for p in parsed):
-            ids = [int(p) for p in parsed]  # type: ignore[arg-type]
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    return Completion(text, choice.get("finish_reason") != "length", tokens, ids, usage)
+    if lp is not None:
+        if not isinstance(lp, dict):
+            raise ValueError(f"'logprobs' must be an object or null, got {clip(lp, 60)}")
+        content = lp.get("content")
+        if content is not None:
+            if not isinstance(content, list):
+                raise ValueError(f"'logprobs.content' must be a list or null, got {clip(content, 60)}")
+            tokens = []
+            for k, item in enumerate(content):
+                if not isinstance(item, dict):
+                    raise ValueError(f"logprobs.content[{k}] must be an object, got {clip(item, 60)}")
+                token = item.get("token")
+                if not isinstance(token, str):
+                    raise ValueError(f"logprobs.content[{k}].token must be a string, got {clip(token, 60)}")
+                tokens.append((token, _finite(item.get("logprob"), f"logprobs.content[{k}].logprob")))
+            parsed = [_parse_token_id(t) for t, _ in tokens]
+            if tokens and all(p is not None for p in parsed):
+                ids = [int(p) for p in parsed]  # type: ignore[arg-type]
+    raw_usage = payload.get("usage")
+    if raw_usage is not None and not isinstance(raw_usage, dict):
+        raise ValueError(f"'usage' must be an object or null, got {clip(raw_usage, 60)}")
+    usage: dict[str, int] = {}
+    for key in USAGE_KEYS:
+        value = (raw_usage or {}).get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+            raise ValueError(f"usage.{key} must be a non-negative integer, got {clip(value, 60)}")
+        usage[key] = value
+    return Completion(text, finish != "length", tokens, ids, usage)
 
 
 class ChatEndpoint:
@@ -148,8 +197,12 @@ class ChatEndpoint:
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 120.0,
                  max_retries: int = 6, backoff: float = 0.5, max_backoff: float = 30.0, token_ids: bool = False,
-                 logprobs: bool = True, max_connections: int = 64) -> None:
+                 logprobs: bool = True, max_connections: int = 64, max_response_bytes: int = 16 << 20) -> None:
+        if not (timeout > 0 and math.isfinite(timeout)) or int(max_response_bytes) < 1024:
+            raise ValueError("timeout must be a positive number of seconds and max_response_bytes >= 1024")
         self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
+        self.max_response_bytes = int(max_response_bytes)
         self.model = model
         self.max_retries = int(max_retries)
         self.backoff = float(backoff)
@@ -180,6 +233,21 @@ class ChatEndpoint:
                 pass
         return min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random() / 2)
 
+    async def _post(self, url: str, body: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
+        """One request: the status, the headers and the decoded body, read as it arrives and
+        refused (:class:`AnswerError`) once it passes ``max_response_bytes``."""
+        assert self._client is not None
+        async with self._client.stream("POST", url, json=body, headers={"Accept-Encoding": ACCEPT_ENCODING}) as resp:
+            cap = self.max_response_bytes if resp.status_code == 200 else min(self.max_response_bytes, 1 << 20)
+            length = resp.headers.get("content-length", "")
+            if length.isdigit() and int(length) > cap:
+                raise AnswerError(f"the answer announces {clip(length, 30)} bytes, more than {cap} "
+                                  "(max_response_bytes)")
+            reader = CappedBody(resp.headers.get("content-encoding"), cap)
+            async for chunk in resp.aiter_raw():
+                reader.feed(chunk)
+            return resp.status_code, resp.headers, reader.finish()
+
     async def complete(self, messages: list[dict[str, Any]], *, max_tokens: int, temperature: float,
                        seed: int | None = None) -> Completion:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": int(max_tokens),
@@ -195,23 +263,28 @@ class ChatEndpoint:
         for attempt in range(self.max_retries + 1):
             retry_after = None
             self.open()
-            try:
-                resp = await self._client.post(url, json=body)  # type: ignore[union-attr]
+            try:  # the whole request, answer included, within the timeout however the server paces it
+                status, headers, raw = await asyncio.wait_for(self._post(url, body), self.timeout)
+            except asyncio.TimeoutError:
+                last = f"no complete answer within {self.timeout:g} s (the request timeout)"
             except httpx.TimeoutException as exc:
                 last = f"timed out ({type(exc).__name__})"
             except httpx.TransportError as exc:  # refused, reset, dropped mid-answer
-                last = f"connection failed ({type(exc).__name__}: {exc})"
+                last = f"connection failed ({type(exc).__name__}: {clip(str(exc), 200)})"
+            except AnswerError as exc:  # too large, or an encoding it cannot be
+                last = f"malformed answer ({exc})"
             else:
-                if resp.status_code == 200:
+                text = raw[:500].decode("utf-8", errors="replace")
+                if status == 200:
                     try:
-                        return parse_completion(resp.json())
-                    except ValueError as exc:  # malformed JSON or shape
+                        return parse_completion(loads_json(raw, what="the answer"))
+                    except ValueError as exc:  # not JSON, nested too deeply, a field of the wrong type
                         last = f"malformed answer ({exc})"
-                elif resp.status_code in RETRY_STATUSES or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                    retry_after = resp.headers.get("retry-after")
+                elif status in RETRY_STATUSES or status >= 500:
+                    last = f"HTTP {status}: {text[:200]}"
+                    retry_after = headers.get("retry-after")
                 else:
-                    raise EndpointError(f"{url} answered {resp.status_code}: {resp.text[:500]}", resp.status_code)
+                    raise EndpointError(f"{url} answered {status}: {text}", status)
             if attempt < self.max_retries:
                 self.retries += 1
                 logger.info("request failed (%s); retry %d of %d", last, attempt + 1, self.max_retries)
@@ -289,7 +362,7 @@ async def play_episode(endpoint: ChatEndpoint, settings: EndpointSettings, seed:
                     break
                 raise
             for k in usage:
-                usage[k] += int(done.usage.get(k, 0) or 0)
+                usage[k] += done.usage.get(k, 0)
             if done.token_ids is not None:
                 samples.append(Sample(done.token_ids, [1] * len(done.token_ids), [lp for _, lp in done.tokens or []]))
             reply_logprobs.append([[tok, lp] for tok, lp in done.tokens] if done.tokens is not None else None)
@@ -392,7 +465,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default=None, metavar="VAR",
                         help="environment variable holding the API key (default: OPENAI_API_KEY if set, else none)")
     parser.add_argument("--concurrency", type=int, default=8, help="episodes in flight at once")
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--request-timeout", type=float, default=120.0,
+                        help="seconds a request may take, its whole answer included")
+    parser.add_argument("--max-response-bytes", type=int, default=16 << 20,
+                        help="largest answer read (decoded); a larger one is refused while it is read")
     parser.add_argument("--max-retries", type=int, default=6, help="retries of a request (429, 5xx, timeouts, ...)")
     parser.add_argument("--token-ids", action="store_true",
                         help="ask for token ids with the log-probs (vLLM's return_tokens_as_token_ids)")
@@ -401,8 +477,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def endpoint_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ChatEndpoint:
     """The endpoint the parsed flags name (the API key read from ``--api-key-env``)."""
-    if args.episodes < 1 or args.concurrency < 1 or args.max_retries < 0 or args.request_timeout <= 0:
+    if args.episodes < 1 or args.concurrency < 1 or args.max_retries < 0 or not 0 < args.request_timeout < math.inf:
         parser.error("--episodes and --concurrency must be >= 1, --max-retries >= 0, --request-timeout > 0")
+    if args.max_response_bytes < 1024:
+        parser.error("--max-response-bytes must be >= 1024")
     if not args.model:
         parser.error("--base-url needs --model NAME: the model name the endpoint serves")
     key_var = args.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
@@ -412,7 +490,7 @@ def endpoint_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     logging.getLogger("httpx").setLevel(logging.WARNING)
     return ChatEndpoint(args.base_url, args.model, api_key=api_key, timeout=args.request_timeout,
                         max_retries=args.max_retries, token_ids=args.token_ids, logprobs=not args.no_logprobs,
-                        max_connections=args.concurrency)
+                        max_connections=args.concurrency, max_response_bytes=args.max_response_bytes)
 
 
 def endpoint_summary(args: argparse.Namespace, env_kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
