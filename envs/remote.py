@@ -23,15 +23,24 @@ Not available remotely: ``counterfactual_probes`` and ``turn_diagnostics`` (the 
 
 Faults: the server is retried while it cannot be reached (``client_retries`` times, with
 backoff) and a full server (503) is waited for likewise. A step that then still fails
-(connection lost, a timeout, the session reaped) ends the episode with ``info["failed"] =
-True`` and ``info["error"]``: trainers count it as an infrastructure fault, not a policy
-failure. A reset that fails raises :class:`RemoteEnvError`; a session the server reaped is
-reopened at the next reset.
+(connection lost, a timeout, the session reaped, a malformed answer) ends the episode with
+``info["failed"] = True`` and ``info["error"]``: trainers count it as an infrastructure fault,
+not a policy failure. A reset that fails raises :class:`RemoteEnvError`; a session the server
+reaped is reopened at the next reset.
+
+Every answer is untrusted: each request, its whole answer included, ends within
+``client_timeout`` however the server paces it; the body is decoded as it arrives (chunked,
+gzip or deflate) and refused once it passes ``max_response_bytes``; its JSON may nest at most
+64 deep; every field is checked for its type (a finite ``reward``, boolean flags, an object
+``info``, a text observation); an image must be base64 of a PNG whose header gives the
+session's shape and at most 16 megapixels, checked before it is decoded.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import time
 from typing import Any, ClassVar, Sequence
 
@@ -39,10 +48,14 @@ import gymnasium as gym
 import httpx
 import numpy as np
 
-from envs.serve import PROTOCOL, decode_image, decode_observation
+from envs.serve import MAX_IMAGE_PIXELS, PROTOCOL, decode_image, decode_observation
 from envs.spaces import AnyText
+from envs.wire import ACCEPT_ENCODING, AnswerError, clip, deadline, deadline_client, loads_json, read_capped
 
 URL_ENV_VAR = "FRESHPER_ENV_URL"
+_HEADERS = {"Accept-Encoding": ACCEPT_ENCODING}
+#: What a session id may look like (it goes into the request path).
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 class RemoteEnvError(ConnectionError):
@@ -72,8 +85,13 @@ class RemoteEnv(gym.Env):
         self.render_mode = render_mode
         self.retries = int(client_retries)
         self.max_response_bytes = int(max_response_bytes)
+        if not (client_timeout > 0 and math.isfinite(client_timeout)) or self.retries < 0 or self.max_response_bytes < 1024:
+            raise ValueError("client_timeout must be a positive number of seconds, client_retries >= 0 and "
+                             "max_response_bytes >= 1024")
+        self.timeout = float(client_timeout)
         self.task_kwargs = dict(task_kwargs)
-        self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(client_timeout, connect=10.0))
+        self.image_shape: tuple[int, ...] | None = None
+        self._client = deadline_client(base_url=self.url, timeout=httpx.Timeout(client_timeout, connect=10.0))
         self._session: str | None = None
         self._obs: dict[str, Any] | None = None
         self._pending: tuple[str, dict[str, Any]] | None = None  # (reply, answer) from a batched turn
@@ -84,75 +102,126 @@ class RemoteEnv(gym.Env):
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
                  retry_sent: bool = False) -> dict[str, Any]:
         """One request; retried with backoff while the server cannot be reached or is full (503),
-        and, when ``retry_sent``, after a timeout too (only for requests safe to repeat)."""
+        and, when ``retry_sent``, after a timeout or a dropped connection too (only for requests
+        safe to repeat). Each attempt, its whole answer included, ends within ``client_timeout``;
+        the answer is decoded as it arrives and refused past ``max_response_bytes``; it must be
+        a JSON object. Anything else is a :class:`RemoteEnvError` saying why."""
         delay = 0.2
+        where = f"{method} {self.url}{path}"
         for attempt in range(self.retries + 1):
             try:
-                with self._client.stream(method, path, json=body) as resp:
-                    size = int(resp.headers.get("content-length") or 0)
-                    if size > self.max_response_bytes:
-                        raise RemoteEnvError(f"{method} {self.url}{path}: the answer is {size} bytes, above "
+                with deadline(self.timeout), self._client.stream(method, path, json=body, headers=_HEADERS) as resp:
+                    status = resp.status_code
+                    length = resp.headers.get("content-length", "")
+                    if length.isdigit() and int(length) > self.max_response_bytes:
+                        raise RemoteEnvError(f"{where}: the answer is {int(length)} bytes, above "
                                              f"max_response_bytes={self.max_response_bytes}")
-                    raw = resp.read()
-                status = resp.status_code
-            except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+                    raw = read_capped(resp.iter_raw(), resp.headers.get("content-encoding"), self.max_response_bytes,
+                                      "the answer")
+            except AnswerError as exc:
+                raise RemoteEnvError(f"{where}: {exc} (max_response_bytes={self.max_response_bytes})") from None
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt == self.retries:
-                    raise RemoteEnvError(f"cannot reach the task server at {self.url} ({type(exc).__name__}: {exc}); "
-                                         "is `python -m envs.serve` running there?") from exc
+                    raise RemoteEnvError(f"cannot reach the task server at {self.url} ({type(exc).__name__}: "
+                                         f"{clip(str(exc))}); is `python -m envs.serve` running there?") from None
                 time.sleep(delay)
                 delay *= 2
                 continue
             except httpx.TimeoutException as exc:
                 if not retry_sent or attempt == self.retries:
-                    raise RemoteEnvError(f"{method} {self.url}{path} timed out ({type(exc).__name__})") from exc
+                    raise RemoteEnvError(f"{where}: no complete answer within client_timeout={self.timeout:g} s "
+                                         f"({type(exc).__name__})") from None
+                time.sleep(delay)
+                delay *= 2
+                continue
+            except httpx.HTTPError as exc:  # dropped, reset or garbled mid-answer
+                if not retry_sent or attempt == self.retries:
+                    raise RemoteEnvError(f"{where}: the connection failed ({type(exc).__name__}: "
+                                         f"{clip(str(exc))})") from None
                 time.sleep(delay)
                 delay *= 2
                 continue
             try:
-                payload = httpx.Response(status, content=raw).json()
-            except ValueError:
-                raise RemoteEnvError(f"{method} {self.url}{path}: the server answered {status} with "
-                                     f"non-JSON {raw[:200]!r}", status) from None
+                payload = loads_json(raw, what="the answer")
+            except AnswerError as exc:
+                raise RemoteEnvError(f"{where}: the server answered {status}; {exc}", status) from None
+            if not isinstance(payload, dict):
+                raise RemoteEnvError(f"{where}: the server answered {status} with {clip(payload)}, not a JSON object",
+                                     status)
             if status == 503 and attempt < self.retries:
                 time.sleep(delay)
                 delay *= 2
                 continue
             if status != 200:
-                raise RemoteEnvError(f"{method} {self.url}{path}: {status} {payload.get('error', payload)}", status)
+                error = payload.get("error")
+                raise RemoteEnvError(f"{where}: {status} {clip(error if isinstance(error, str) else payload, 2000)}",
+                                     status)
             return payload
         raise AssertionError("unreachable")
 
     def _open(self) -> None:
         info = self._request("POST", "/sessions", {"kwargs": self.task_kwargs}, retry_sent=True)
+        session = info.get("session")
+        if not isinstance(session, str) or not _SESSION_ID.fullmatch(session):
+            raise RemoteEnvError(f"{self.url} opened a session without a usable id: {clip(session)}")
         if info.get("modality") != self.modality:
-            self._request("DELETE", f"/sessions/{info['session']}")
+            self._request("DELETE", f"/sessions/{session}")
             other = "freshper/RemoteVision-v0" if info.get("modality") == "vision" else "freshper/Remote-v0"
-            raise ValueError(f"{self.url} serves {info.get('task')}, a {info.get('modality')} task: play it "
-                             f"as {other}")
-        self._session = info["session"]
-        self.served_task = str(info.get("task"))
-        self.markov_state = bool(info.get("markov_state", False))
+            raise ValueError(f"{self.url} serves {clip(info.get('task'), 100)}, a {clip(info.get('modality'), 20)} "
+                             f"task: play it as {other}")
+        shape = info.get("image_shape")
+        if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and shape[2] == 3
+                                      and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+                                      and shape[0] * shape[1] <= MAX_IMAGE_PIXELS):
+            raise RemoteEnvError(f"{self.url}: the session's image_shape must be [H, W, 3] of at most "
+                                 f"{MAX_IMAGE_PIXELS} pixels, got {clip(shape)}")
+        max_text = info.get("max_text_length", 1 << 20)
+        if isinstance(max_text, bool) or not isinstance(max_text, int) or not 1 <= max_text <= 1 << 30:
+            raise RemoteEnvError(f"{self.url}: the session's max_text_length must be a positive integer, got "
+                                 f"{clip(max_text)}")
+        self._session = session
+        self.served_task = clip(str(info.get("task")), 200)
+        self.markov_state = info.get("markov_state") is True
         self._skips_noop = None
         spaces: dict[str, gym.Space] = {"text": AnyText(max_length=1 << 22)}
-        if info.get("image_shape"):
-            self.image_shape = tuple(info["image_shape"])
+        self.image_shape = tuple(shape) if shape else None
+        if shape:
             spaces["image"] = gym.spaces.Box(0, 255, self.image_shape, dtype=np.uint8)
         self.observation_space = gym.spaces.Dict(spaces)
-        self.action_space = AnyText(max_length=int(info.get("max_text_length", 1 << 20)))
+        self.action_space = AnyText(max_length=max_text)
+
+    def _observation(self, payload: Any) -> dict[str, Any]:
+        """An observation the server sent, checked (``ValueError`` saying why): its text, and
+        for a vision task an image of the session's shape, checked from its header before decoding."""
+        obs = decode_observation(payload, shape=self.image_shape, max_pixels=MAX_IMAGE_PIXELS)
+        if self.image_shape is not None and "image" not in obs:
+            raise ValueError("the observation has no image; this session's observations hold one")
+        if self.image_shape is None:
+            obs.pop("image", None)
+        return obs
 
     def _session_path(self, op: str) -> str:
         if self._closed:
             raise RemoteEnvError("this remote env is closed")
         return f"/sessions/{self._session}/{op}"
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, kind: type = object) -> Any:
+        """The served task's answer to ``method``, checked to be a ``kind``; :class:`RemoteEnvError`
+        otherwise."""
         try:
-            return self._request("POST", self._session_path("call"), {"method": method, "args": list(args)},
-                                 retry_sent=True)["result"]
+            answer = self._request("POST", self._session_path("call"), {"method": method, "args": list(args)},
+                                   retry_sent=True)
         except RemoteEnvError as exc:
             if exc.status == 501:
                 raise NotImplementedError(str(exc)) from None
             raise
+        if "result" not in answer:
+            raise RemoteEnvError(f"{self.url}: the answer to {method} has no 'result'")
+        result = answer["result"]
+        if not isinstance(result, kind):
+            raise RemoteEnvError(f"{self.url}: the answer to {method} must be a {getattr(kind, '__name__', kind)}, "
+                                 f"got {clip(result)}")
+        return result
 
     # -- gymnasium ------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -166,25 +235,49 @@ class RemoteEnv(gym.Env):
                 raise
             self._open()  # reaped while idle: a fresh session, then the same reset
             answer = self._request("POST", self._session_path("reset"), body, retry_sent=True)
-        self._obs = decode_observation(answer["observation"])
-        return self._obs, answer["info"]
+        try:
+            obs = self._observation(answer.get("observation"))
+            info = answer.get("info", {})
+            if not isinstance(info, dict):
+                raise ValueError(f"'info' must be an object, got {clip(info)}")
+        except ValueError as exc:
+            raise RemoteEnvError(f"{self.url}: a malformed reset answer: {exc}") from None
+        self._obs = obs
+        return self._obs, info
 
     def _failed_step(self, error: str) -> tuple[dict, float, bool, bool, dict]:
         obs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in (self._obs or {"text": ""}).items()}
         return obs, 0.0, True, False, {"failed": True, "error": error, "action_is_valid": True, "success": False}
 
-    def _finish(self, answer: dict[str, Any]) -> tuple[dict, float, bool, bool, dict]:
-        self._obs = decode_observation(answer["observation"])
-        return self._obs, float(answer["reward"]), bool(answer["terminated"]), bool(answer["truncated"]), answer["info"]
+    def _finish(self, answer: Any) -> tuple[dict, float, bool, bool, dict]:
+        """A step's answer, every field checked; a malformed one is a failed step saying why."""
+        try:
+            if not isinstance(answer, dict):
+                raise ValueError(f"the answer is {clip(answer)}, not a JSON object")
+            obs = self._observation(answer.get("observation"))
+            reward = answer.get("reward")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise ValueError(f"'reward' must be a finite number, got {clip(reward)}")
+            flags = answer.get("terminated"), answer.get("truncated")
+            if not all(isinstance(f, bool) for f in flags):
+                raise ValueError(f"'terminated' and 'truncated' must be true or false, got {clip(flags)}")
+            info = answer.get("info", {})
+            if not isinstance(info, dict):
+                raise ValueError(f"'info' must be an object, got {clip(info)}")
+        except ValueError as exc:
+            return self._failed_step(f"{self.url}: a malformed step answer: {exc}")
+        self._obs = obs
+        return obs, float(reward), flags[0], flags[1], info
 
     def step(self, action: str) -> tuple[dict, float, bool, bool, dict]:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == action:
             answer = pending[1]
-            if "error" in answer:
+            if isinstance(answer, dict) and "error" in answer:
+                error = clip(answer["error"] if isinstance(answer["error"], str) else answer, 2000)
                 if answer.get("status") == 409:
-                    raise RuntimeError(answer["error"])
-                return self._failed_step(f"{self.url}: {answer['error']}")
+                    raise RuntimeError(error)
+                return self._failed_step(f"{self.url}: {error}")
             return self._finish(answer)
         action = action if isinstance(action, str) else ""
         try:
@@ -210,9 +303,11 @@ class RemoteEnv(gym.Env):
                 continue
             calls = [{"session": env._session, "op": "step", "action": reply} for env, reply in members]
             try:
-                results = members[0][0]._request("POST", "/batch", {"calls": calls})["results"]
+                results = members[0][0]._request("POST", "/batch", {"calls": calls}).get("results")
             except RemoteEnvError:
                 continue  # each env asks on its own in step(), and reports its own fault
+            if not isinstance(results, list) or len(results) != len(members):
+                continue  # a malformed batch answer: each env asks on its own
             for (env, reply), answer in zip(members, results):
                 env._pending = (reply, answer)
 
@@ -228,8 +323,9 @@ class RemoteEnv(gym.Env):
             return
         self._closed = True
         try:
-            if self._session is not None:
-                self._client.delete(f"/sessions/{self._session}", timeout=5.0)
+            if self._session is not None:  # the answer is not read: closing the stream drops it
+                with deadline(5.0), self._client.stream("DELETE", f"/sessions/{self._session}", timeout=5.0):
+                    pass
         except httpx.HTTPError:
             pass  # the server reaps it when idle
         finally:
@@ -243,27 +339,27 @@ class RemoteEnv(gym.Env):
 
     # -- the task contract, answered by the served task ----------------------------------------
     def instructions(self) -> str:
-        return self._call("instructions")
+        return self._call("instructions", kind=str)
 
     def state_text(self) -> str:
-        return self._call("state_text")
+        return self._call("state_text", kind=str)
 
     def render_text(self) -> str:
-        return self._call("render_text")
+        return self._call("render_text", kind=str)
 
     def legal_actions(self) -> list[str]:
-        return list(self._call("legal_actions"))
+        return self._call("legal_actions", kind=list)
 
     def effective_actions(self) -> list[str]:
-        return list(self._call("effective_actions"))
+        return self._call("effective_actions", kind=list)
 
     def skips_noop_moves(self) -> bool:
         if self._skips_noop is None:
-            self._skips_noop = bool(self._call("skips_noop_moves"))
+            self._skips_noop = self._call("skips_noop_moves", kind=bool)
         return self._skips_noop
 
     def format_reply(self, action: Any) -> str:
-        return self._call("format_reply", action)
+        return self._call("format_reply", action, kind=str)
 
     def sample_reply(self, rng: np.random.Generator) -> str:
         """A uniformly drawn effective action in the task's reply format: the same draw from
@@ -274,28 +370,31 @@ class RemoteEnv(gym.Env):
         return self.format_reply(legal[int(rng.integers(len(legal)))])
 
     def describe_action(self, reply: str) -> str:
-        return self._call("describe_action", reply)
+        return self._call("describe_action", reply, kind=str)
 
     def outcome_text(self, terminated: bool, success: bool) -> str:
-        return self._call("outcome_text", bool(terminated), bool(success))
+        return self._call("outcome_text", bool(terminated), bool(success), kind=str)
 
     def lookahead_text(self) -> str:
-        return self._call("lookahead_text")
+        return self._call("lookahead_text", kind=str)
 
     def aim_text(self) -> str:
-        return self._call("aim_text")
+        return self._call("aim_text", kind=str)
 
     def subgoal_text(self) -> str:
-        return self._call("subgoal_text")
+        return self._call("subgoal_text", kind=str)
 
     def subgoal_moves(self) -> list[str]:
-        return list(self._call("subgoal_moves"))
+        return self._call("subgoal_moves", kind=list)
 
     def tokenizer_text(self) -> str:
-        return self._call("tokenizer_text")
+        return self._call("tokenizer_text", kind=str)
 
     def render_image(self) -> np.ndarray:
-        return decode_image(self._call("render_image"))
+        try:
+            return decode_image(self._call("render_image", kind=dict), max_pixels=MAX_IMAGE_PIXELS)
+        except ValueError as exc:
+            raise RemoteEnvError(f"{self.url}: a malformed render_image answer: {exc}") from None
 
 
 class RemoteVisionEnv(RemoteEnv):
@@ -306,12 +405,21 @@ class RemoteVisionEnv(RemoteEnv):
 
 
 def server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
-    """``GET /info`` of a task server: its task id, modality, kwargs and limits."""
-    resp = httpx.get(url.rstrip("/") + "/info", timeout=timeout)
-    resp.raise_for_status()
-    info = resp.json()
+    """``GET /info`` of a task server: its task id, modality, kwargs and limits (the answer
+    read within ``timeout`` and 1 MB; :class:`RemoteEnvError` otherwise)."""
+    where = url.rstrip("/") + "/info"
+    try:
+        with deadline_client(timeout=timeout) as client, deadline(timeout), \
+                client.stream("GET", where, headers=_HEADERS) as resp:
+            raw = read_capped(resp.iter_raw(), resp.headers.get("content-encoding"), 1 << 20, "the answer")
+            status = resp.status_code
+        info = loads_json(raw, what="the answer")
+    except (httpx.HTTPError, AnswerError) as exc:
+        raise RemoteEnvError(f"GET {where}: {type(exc).__name__}: {clip(str(exc))}") from None
+    if status != 200 or not isinstance(info, dict):
+        raise RemoteEnvError(f"GET {where}: {status} {clip(info)}", status)
     if info.get("protocol") != PROTOCOL:
-        raise RemoteEnvError(f"{url} speaks {info.get('protocol')!r}, not {PROTOCOL!r}")
+        raise RemoteEnvError(f"{url} speaks {clip(info.get('protocol'), 60)}, not {PROTOCOL!r}")
     return info
 
 

@@ -68,6 +68,7 @@ import logging
 import math
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -145,14 +146,49 @@ def encode_image(image: Any) -> dict[str, Any]:
     return {"png": base64.b64encode(buf.getvalue()).decode("ascii"), "shape": list(arr.shape)}
 
 
-def decode_image(payload: dict[str, Any]) -> np.ndarray:
-    """The array :func:`encode_image` encoded."""
+#: Largest image a client decodes (pixels, checked from the PNG header before decoding).
+MAX_IMAGE_PIXELS = 16_000_000
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """``(width, height)`` from a PNG's header, without decoding; ``ValueError`` if it is not one."""
+    if len(data) < 24 or data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR":
+        raise ValueError("the image is not a PNG")
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def decode_image(payload: Any, *, shape: Any = None, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """The array :func:`encode_image` encoded. The payload is untrusted: it must be base64 of a
+    PNG whose header gives at most ``max_pixels`` pixels and the expected shape (``shape``,
+    else the payload's own), checked before anything is decoded; any other payload is a
+    ``ValueError`` saying why."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(base64.b64decode(payload["png"], validate=True))) as im:
-        arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
-    if list(arr.shape) != list(payload.get("shape", arr.shape)):
-        raise ValueError(f"image decodes to {arr.shape}, the message says {payload.get('shape')}")
+    if not isinstance(payload, dict) or not isinstance(payload.get("png"), str):
+        raise ValueError("an image must be an object {\"png\": base64, \"shape\": [H, W, 3]}")
+    try:
+        data = base64.b64decode(payload["png"], validate=True)
+    except ValueError:  # binascii.Error
+        raise ValueError("the image is not valid base64") from None
+    width, height = png_size(data)
+    if width * height > max_pixels or not (width and height):
+        raise ValueError(f"the image is {width}x{height} pixels; at most {max_pixels} are decoded")
+    expected = payload.get("shape") if shape is None else shape
+    if expected is not None:
+        if (not isinstance(expected, (list, tuple)) or len(expected) != 3
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in expected)):
+            raise ValueError(f"an image's shape must be [H, W, 3], got {_clip(repr(expected))}")
+        if list(expected) != [height, width, 3]:
+            raise ValueError(f"the image is {height}x{width} by its header, expected {list(expected)}")
+    try:
+        with Image.open(io.BytesIO(data), formats=["PNG"]) as im:
+            arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except Exception as exc:  # a damaged PNG: PIL raises OSError, SyntaxError, ValueError, EOFError, ...
+        raise ValueError(f"the PNG cannot be decoded ({type(exc).__name__}: {_clip(str(exc))})") from None
+    if arr.shape != (height, width, 3):
+        raise ValueError(f"the image decodes to {arr.shape}, its header says {height}x{width}")
     return arr
 
 
@@ -163,10 +199,13 @@ def encode_observation(obs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode_observation(payload: dict[str, Any]) -> dict[str, Any]:
+def decode_observation(payload: Any, *, shape: Any = None, max_pixels: int = MAX_IMAGE_PIXELS) -> dict[str, Any]:
+    """An observation from its wire form; ``ValueError`` when it is malformed."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
+        raise ValueError(f"an observation must be an object with a 'text' string, got {_clip(repr(payload))}")
     obs: dict[str, Any] = {"text": payload["text"]}
-    if "image" in payload:
-        obs["image"] = decode_image(payload["image"])
+    if payload.get("image") is not None:
+        obs["image"] = decode_image(payload["image"], shape=shape, max_pixels=max_pixels)
     return obs
 
 
