@@ -503,7 +503,10 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
                 if (kinds == k).any()}
 
     before = held_losses()
-    optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
+    from learner.state import fused_adam
+
+    params = list(policy.model.parameters())
+    optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=fused_adam(params) or None)  # fused: real models only
     cap = (cfg.max_steps or 4 * cfg.steps) if cfg.until_exact > 0 else cfg.steps
     start = time.monotonic()
     losses: list[float] = []
@@ -539,18 +542,16 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
         streams.close()
     seconds = time.monotonic() - start
     after = held_losses()
-    if not checks or checks[-1][0] != len(losses):  # the model as it ends, unless the last check saw it
+    if not own and (not checks or checks[-1][0] != len(losses)):  # the model as it ends, unless the last check saw it
         checks.append([len(losses), exact_rate(policy, exact_examples)])
-    exact = checks[-1][1]
-    if own:
-        checks = []
+    exact = checks[-1][1] if checks else float("nan")
     return {
         "pretrain_steps": len(losses), "pretrain_seconds": seconds,
         "pretrain_loss_first": losses[0] if losses else float("nan"),
         "pretrain_loss_last": float(np.mean(losses[-10:])) if losses else float("nan"),
         **{f"pretrain_{k}_before": v for k, v in before.items()},
         **{f"pretrain_{k}_after": v for k, v in after.items()},
-        "pretrain_dynamics_exact_after": exact,
+        **({} if own else {"pretrain_dynamics_exact_after": exact}),  # the own-answer warm-up has no dynamics
         **({"pretrain_exact_checks": checks, "pretrain_reached_bar": bool(exact >= cfg.until_exact)}
            if cfg.until_exact > 0 else {}),
         "pretrain_episodes": streams._episodes - first_episode,

@@ -222,9 +222,10 @@ def start_model(cfg: Config, resume: Path | None, modality: str, update_threads:
                                       seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro_batch,
                                       progress=cfg.run.progress, device=cfg.model.device, width=cfg.model.tiny_width)
     if cfg.model.model is None:
-        from agents.policies.tiny import build_tiny_model
+        from agents.policies.tiny import task_model  # the task's own tokenizer where it has one, as pretrained
 
-        return build_tiny_model(modality, seed=cfg.run.model_seed(), width=cfg.model.tiny_width), {}
+        return task_model(cfg.rollout.env_id, cfg.rollout.env_kwargs, seed=cfg.run.model_seed(),
+                          width=cfg.model.tiny_width), {}
     from agents.pretrained import resolve_model
 
     return Path(resolve_model(cfg.model.model)), {}
@@ -246,7 +247,8 @@ def start_of_rl(run: Run) -> None:
         rep = run.start_report
         run.metrics.log({"kind": "pretrain", "iteration": 0, "episodes": 0,
                          **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
-        print(f"pretraining on {cfg.rollout.env_id}'s transitions: {steps_phrase(rep)}{success_phrase(rep)} in "
+        where = "its own answers in the task's format" if "pretrain_own_usable" in rep else "transitions"
+        print(f"pretraining on {cfg.rollout.env_id}'s {where}: {steps_phrase(rep)}{success_phrase(rep)} in "
               f"{rep['pretrain_seconds']:.0f} s{' (cached)' if rep.get('cached') else ''}, loss "
               f"{rep['pretrain_loss_first']:.3f} -> {rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
     evaluate_phase(run, "baseline", cfg.eval.final_episodes, cfg.eval.both)
@@ -499,6 +501,8 @@ def success_phrase(rep: dict[str, Any]) -> str:
 def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:
     """How well the pretrained model writes held-out next states, and how that stands to the
     bar, from a pretraining report (the start line and the summary say it alike)."""
+    if "pretrain_own_usable" in rep:  # the own-answer warm-up writes no next states
+        return f", {rep['pretrain_own_usable']:.0%} of the model's direct answers usable"
     if "pretrain_dynamics_exact_after" not in rep:
         return ""
     phrase = f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
@@ -519,5 +523,6 @@ def pretrain_line(run: Run) -> str:
         return ""
     took = f"; {rep['pretrain_seconds']:.0f} s of this session" if run.start_report and not rep.get("cached") \
         and "pretrain_seconds" in rep else ""
-    return (f"the start: pretrained {steps_phrase(rep)} on the task's transitions{success_phrase(rep)}"
+    where = "its own answers in the task's format" if "pretrain_own_usable" in rep else "the task's transitions"
+    return (f"the start: pretrained {steps_phrase(rep)} on {where}{success_phrase(rep)}"
             f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}{took}")

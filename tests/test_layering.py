@@ -92,7 +92,7 @@ def test_agents_modules_import_each_other_without_a_circle() -> None:
 
 
 #: agents/ by role, lowest first: a module imports (from agents) only its own part and those before it.
-AGENT_PARTS = [("agents.safeio", "agents.record"), ("agents.policies",), ("agents.engines",), ("agents.rollout",)]
+AGENT_PARTS = [("agents.safeio", "agents.record"), ("agents.policies", "agents.pretrained"), ("agents.engines",), ("agents.rollout",)]
 #: The commands and the UI, above every part.
 AGENT_TOP = ("agents.evaluate", "agents.play", "agents.interactive", "agents.merge_lora", "agents.view")
 
@@ -125,7 +125,7 @@ def test_agents_parts_import_only_those_below_them() -> None:
 def test_every_agents_module_imports_from_outside_the_checkout(tmp_path: Path) -> None:
     """openai-agents (which verifiers installs) is also a top-level ``agents``: outside the checkout
     its package is found first, and ours is reached by the editable install for the names it
-    lacks. A part of ours named as one of theirs (``agents.models``) would be theirs: every
+    lacks. A part of ours named as one of theirs (``agents.pretrained``) would be theirs: every
     module of ours must import, from another folder, as itself."""
     names = [m for m in _modules("agents") if m != "agents" and not m.endswith("__main__")]
     code = ("import importlib, sys\n"
