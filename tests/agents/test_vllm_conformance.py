@@ -1,8 +1,10 @@
 """Drift conformance of the vLLM engine (``make test-vllm``; skipped without ``FRESHPER_VLLM_PYTHON``).
 
 Episodes played through vLLM are re-scored by the learner, turn by turn, several turns deep,
-for a text task and an image task on three models: the embedded text model, the embedded
-Qwen2-VL (1-D rotary positions) and a model in the real Qwen2.5-VL layout (multimodal rope).
+for a text task and an image task on four models: the embedded text model, the embedded
+Qwen2-VL (1-D rotary positions), a model in the real Qwen2.5-VL layout (multimodal rope) and a
+real pretrained chat model, SmolLM2-135M-Instruct (its own tokenizer and ChatML template; run
+once ``make test-real`` has converted it, as ``.ci/run`` does first).
 
 - token ids: every prompt vLLM ran equals the renderer's, token for token, image pads included
   (vLLM expands the images itself; its expansion is checked against the policy's processor);
@@ -48,7 +50,19 @@ CASES = {  # name -> (task, model builder (None: conftest.build_tiny_qwen25vl), 
     "qwen25vl": ("freshper/FrozenLakeVision-v0", None, "float32"),
     "text-bf16": ("freshper/FrozenLake-v0", lambda tmp: build_tiny_model("text"), "bfloat16"),
     "qwen2vl-flat-bf16": ("freshper/FrozenLakeVision-v0", lambda tmp: build_tiny_model("vision"), "bfloat16"),
+    # a real pretrained chat model with its own tokenizer and template (make test-real converts it)
+    "smollm2-real": ("freshper/FrozenLake-v0", lambda tmp: _real_model(), "float32"),
 }
+
+
+def _real_model() -> Path:
+    from agents.pretrained import converted_folder
+
+    folder = converted_folder("smollm2-135m-instruct")
+    if folder is None:
+        pytest.skip("SmolLM2-135M-Instruct is not converted: make test-real (python -m agents.pretrained pull "
+                    "smollm2-135m-instruct) first")
+    return folder
 
 
 @pytest.fixture(scope="module", params=list(CASES))
