@@ -1,7 +1,8 @@
 """A registered task as a network service: one env per session, over HTTP/1.1 and JSON.
 
     python -m envs.serve freshper/FrozenLake-v0 --port 8000 [--host 127.0.0.1] [--max-sessions 64]
-        [--idle-timeout 300] [--max-message-bytes 8388608] [--kw size=6 ...]
+        [--idle-timeout 300] [--max-message-bytes 8388608] [--request-timeout 30] [--max-connections 256]
+        [--kw size=6 ...]
         [--allow-client-kwargs | --lock-kwargs]
 
 The client is :class:`envs.remote.RemoteEnv`, itself a ``gymnasium.Env``:
@@ -42,7 +43,10 @@ Observations are ``{"text": str}`` plus, for vision tasks, ``"image": {"png": ba
 Limits, each refused with a 4xx/5xx and ``{"error": "..."}`` saying what to do: at most
 ``max_sessions`` open sessions (503; idle sessions are closed after ``idle_timeout`` seconds
 without a request, and a request to a closed one is a 404), request bodies up to
-``max_message_bytes`` (413), a client that stalls mid-request gets a 408, JSON nested too deeply
+``max_message_bytes`` (413), a request not in within ``request_timeout`` from its first byte
+(headers and body together, however it is paced) gets a 408, at most ``max_connections``
+connections (a thread each: the longest-idle one is closed for a new one, a 503 when every one
+is busy), JSON nested too deeply
 or of the wrong shape a 400, a batch of more than ``max_sessions`` calls a 400. A task error
 while building, resetting or stepping is a 400 (bad kwargs) or 500 with the exception's text;
 the server keeps serving. SIGTERM and SIGINT stop it cleanly.
@@ -62,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import logging
@@ -111,8 +116,12 @@ class Limits:
     #: Seconds without a request after which a session's env is closed.
     idle_timeout: float = 300.0
     max_message_bytes: int = 8 << 20
-    #: Seconds a client may stall mid-request before it gets a 408.
+    #: Seconds a request may take to arrive, from its first byte to its last (a 408 past
+    #: them), and that a connection may stay idle between requests.
     request_timeout: float = 30.0
+    #: Open connections at most (each holds a thread); past it the longest-idle connection is
+    #: closed for a new one, or the new one is answered 503 when none is idle.
+    max_connections: int = 256
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -123,6 +132,8 @@ class Limits:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if not self.request_timeout > 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
 
 
 class ServeError(Exception):
@@ -369,7 +380,7 @@ class TaskService:
         with self._lock:
             session = self._sessions.get(sid)
         if session is None:
-            raise ServeError(404, f"no open session {sid!r}: it was closed, or reaped after "
+            raise ServeError(404, f"no open session {_clip(repr(sid))}: it was closed, or reaped after "
                                   f"{self.limits.idle_timeout:g} s idle; open a new one (POST /sessions)")
         return session
 
@@ -377,7 +388,7 @@ class TaskService:
         with self._lock:
             session = self._sessions.pop(sid, None)
         if session is None:
-            raise ServeError(404, f"no open session {sid!r}")
+            raise ServeError(404, f"no open session {_clip(repr(sid))}")
         self._close_env(session)
         return {"closed": sid}
 
@@ -417,7 +428,7 @@ class TaskService:
         session = self._session(sid)
         with session.lock:
             if session.closed:
-                raise ServeError(404, f"session {sid!r} was closed")
+                raise ServeError(404, f"session {_clip(repr(sid))} was closed")
             try:
                 return getattr(self, "_" + op)(session.env, body)
             finally:
@@ -443,7 +454,7 @@ class TaskService:
         try:
             obs, reward, terminated, truncated, info = env.step(action)
         except RuntimeError as exc:  # e.g. a step after the episode ended
-            raise ServeError(409, str(exc)) from None
+            raise ServeError(409, _clip(str(exc), 500)) from None
         return {"observation": encode_observation(obs), "reward": float(reward), "terminated": bool(terminated),
                 "truncated": bool(truncated), "info": jsonable(info)}
 
@@ -451,7 +462,7 @@ class TaskService:
     def _call(env: Any, body: dict[str, Any]) -> dict[str, Any]:
         method, args = body.get("method"), body.get("args") or []
         if method not in CALLS:
-            raise ServeError(400, f"'method' must be one of {', '.join(CALLS)}, got {method!r}")
+            raise ServeError(400, f"'method' must be one of {', '.join(CALLS)}, got {_clip(repr(method))}")
         if not isinstance(args, list) or len(args) > 4:
             raise ServeError(400, "'args' must be a list of at most 4 JSON values")
         try:
@@ -480,11 +491,38 @@ class TaskService:
                 results.append({"error": str(err), "status": err.status})
             except Exception as err:
                 logger.exception("batch call failed")
-                results.append({"error": f"{type(err).__name__}: {err}", "status": 500})
+                results.append({"error": _clip(f"{type(err).__name__}: {err}", 500), "status": 500})
         return {"results": results}
 
 
 # -- HTTP ------------------------------------------------------------------------------------------
+class _RequestIO(socket.SocketIO):
+    """The connection's reads, each waiting at most what is left of the request's deadline
+    (``handler.deadline``), so a request trickled a byte at a time cannot outlast it."""
+
+    def __init__(self, sock: socket.socket, handler: "_Handler") -> None:
+        super().__init__(sock, "rb")
+        self._handler = handler
+
+    def readinto(self, b: Any) -> int | None:
+        handler = self._handler
+        if handler.deadline is None:
+            return super().readinto(b)
+        left = handler.deadline - time.monotonic()
+        if left <= 0:
+            handler.expired = True
+            raise TimeoutError("the request's deadline passed")
+        self._sock.settimeout(min(left, handler.timeout))
+        try:
+            return super().readinto(b)
+        except TimeoutError:
+            handler.expired = True
+            raise
+        finally:
+            if self._sock.fileno() >= 0:
+                self._sock.settimeout(handler.timeout)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "TaskServer"
     protocol_version = "HTTP/1.1"
@@ -492,12 +530,48 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.service.limits.request_timeout
+        self.deadline: float | None = None
+        self.expired = self.answered = False
         super().setup()
+        self.rfile.close()
+        self.rfile = io.BufferedReader(_RequestIO(self.connection, self))
+
+    def handle_one_request(self) -> None:
+        """Wait (idle, at most ``request_timeout``) for a request's first byte, then read and
+        answer the request with ``request_timeout`` for the whole of it, headers included; a
+        request not in by then gets a 408 and the connection is closed."""
+        self.deadline, self.expired, self.answered = None, False, False
+        server = self.server
+        server.idle(self, True)
+        try:
+            first = self.rfile.peek(1)
+        except OSError:  # idle past request_timeout, reset, or closed for a new connection
+            first = b""
+        finally:
+            server.idle(self, False)
+        if not first:
+            self.close_connection = True
+            return
+        self.deadline = time.monotonic() + self.timeout
+        super().handle_one_request()
+        if self.expired and not self.answered:  # the request line or headers did not arrive in time
+            self.close_connection = True
+            data = json.dumps({"error": f"the request did not arrive within {self.timeout:g} s"}).encode()
+            with contextlib.suppress(OSError):
+                self.connection.settimeout(1.0)
+                self.wfile.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(data), data))
+                self.wfile.flush()
+
+    def send_response_only(self, code: int, message: str | None = None) -> None:
+        self.answered = True
+        super().send_response_only(code, message)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         logger.debug("%s - %s", self.address_string(), format % args)
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
+        self.deadline = None  # the answer is written under the per-write timeout alone
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -523,7 +597,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ValueError
         except ValueError:
             self.close_connection = True
-            raise ServeError(400, f"invalid Content-Length {header!r}") from None
+            raise ServeError(400, f"invalid Content-Length {_clip(repr(header))}") from None
         try:
             if length > limit:
                 self.close_connection = True
@@ -538,7 +612,7 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self.rfile.read(length)
         except (socket.timeout, TimeoutError):
             self.close_connection = True
-            raise ServeError(408, f"the request body did not arrive within {self.timeout} s") from None
+            raise ServeError(408, f"the request did not arrive within {self.timeout:g} s") from None
         if len(raw) < length:
             self.close_connection = True
             raise ServeError(400, f"the body ended after {len(raw)} of {length} bytes")
@@ -578,13 +652,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "DELETE" and len(parts) == 2 and parts[0] == "sessions":
                 out = service.close(parts[1])
             else:
-                raise ServeError(404, f"unknown endpoint {method} {self.path!r}; see `python -m envs.serve --help`")
+                raise ServeError(404, f"unknown endpoint {method} {_clip(repr(self.path))}; see `python -m envs.serve --help`")
         except ServeError as err:
             self._send(err.status, {"error": str(err)})
             return
         except Exception as err:  # a task's bug must not kill the server; the client sees a 500
             logger.exception("request failed")
-            self._send(500, {"error": f"internal error: {type(err).__name__}: {err}"})
+            self._send(500, {"error": _clip(f"internal error: {type(err).__name__}: {err}", 500)})
             return
         self._send(200, out)
 
@@ -609,6 +683,10 @@ class TaskServer(ThreadingHTTPServer):
         self.service = service
         super().__init__(address, _Handler)
         self._stop = threading.Event()
+        self._connections = 0
+        self._idle: dict[_Handler, None] = {}  # handlers waiting for a request, longest idle first
+        self._conn_lock = threading.Lock()
+        self.refused = self.evicted = 0
         self._reaper = threading.Thread(target=self._reap_loop, name="envs.serve-reaper", daemon=True)
         self._reaper.start()
 
@@ -623,6 +701,63 @@ class TaskServer(ThreadingHTTPServer):
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    # connections: at most ``max_connections``, each served by a thread
+    def idle(self, handler: _Handler, waiting: bool) -> None:
+        with self._conn_lock:
+            if waiting:
+                self._idle[handler] = None
+            else:
+                self._idle.pop(handler, None)
+
+    @property
+    def connections(self) -> int:
+        with self._conn_lock:
+            return self._connections
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        victim = None
+        with self._conn_lock:
+            if self._connections >= self.service.limits.max_connections:
+                if not self._idle:
+                    self.refused += 1
+                    victim = False
+                else:  # close the longest-idle connection for this one
+                    victim = next(iter(self._idle))
+                    del self._idle[victim]
+                    self.evicted += 1
+            if victim is not False:
+                self._connections += 1
+        if victim is False:
+            self._refuse(request)
+            return
+        if victim is not None:
+            with contextlib.suppress(OSError):
+                victim.connection.shutdown(socket.SHUT_RDWR)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with self._conn_lock:
+                self._connections -= 1
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conn_lock:
+                self._connections -= 1
+
+    def _refuse(self, request: Any) -> None:
+        """A 503 for a connection over the limit while every other one is busy, then closed."""
+        data = json.dumps({"error": f"the server holds its limit of {self.service.limits.max_connections} "
+                                    "connections, all busy; retry shortly"}).encode()
+        with contextlib.suppress(OSError):
+            request.settimeout(0.5)
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                            b"Retry-After: 1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                            % (len(data), data))
+        self.shutdown_request(request)
 
     def shutdown(self) -> None:
         self._stop.set()  # open keep-alive connections are answered 503 and closed from now on
@@ -680,6 +815,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds without a request after which a session is closed")
     parser.add_argument("--max-message-bytes", type=int, default=Limits.max_message_bytes,
                         help="largest request body accepted")
+    parser.add_argument("--request-timeout", type=float, default=Limits.request_timeout,
+                        help="seconds a request may take to arrive, headers and body together (408 past them)")
+    parser.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                        help="open connections at most (a thread each); the longest-idle one is closed for a new "
+                             "one, or the new one answered 503 when every one is busy")
     parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments")
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--allow-client-kwargs", action="store_true",
@@ -694,7 +834,8 @@ def main(argv: list[str] | None = None) -> int:
     from envs.play import parse_kwargs
 
     try:
-        limits = Limits(args.max_sessions, args.idle_timeout, args.max_message_bytes)
+        limits = Limits(args.max_sessions, args.idle_timeout, args.max_message_bytes, args.request_timeout,
+                        args.max_connections)
     except ValueError as exc:
         parser.error(str(exc))
     kwargs = parse_kwargs(args.kw)
