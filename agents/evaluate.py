@@ -252,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                                             "an OpenAI-compatible endpoint instead (--base-url URL -h lists its flags)")
     parser.add_argument("--env", required=True, help="task id, e.g. freshper/FrozenLake-v0")
     add_import_flag(parser)
-    parser.add_argument("--model", default=None, help="model folder (default: the embedded tiny model, untrained)")
+    parser.add_argument("--model", default=None, help="model folder, .gguf file or known short name (python -m "
+                        "agents.pretrained list; default: the embedded tiny model, untrained)")
+    parser.add_argument("--system-prompt", default=None, help="a system message before each episode's first user "
+                        "message (default: the one the model was trained with, else its chat template's own)")
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=EVAL_SEED_BASE, help="first task seed (held-out seeds start at agents.rollout.seeds.EVAL_SEED_BASE = 1900000000)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         model = str(build_tiny_model(spec.modality))
     try:
         policy = Policy.from_pretrained(model, device=args.device, dtype=args.dtype)
+        if args.system_prompt is not None:
+            policy.set_system_prompt(args.system_prompt)
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,8 @@ def load_policy(cfg: Config, model_path: Path, *, sampler: bool = False, device:
     compute = resolve_dtype(cfg.model.dtype, device)
     weights = compute if (cfg.lora.rank or sampler) else torch.float32
     policy = Policy.from_pretrained(model_path, device=device, dtype=weights, compute_dtype=compute)
+    if cfg.rollout.system_prompt is not None:  # saved with every checkpoint from here on
+        policy.set_system_prompt(cfg.rollout.system_prompt)
     if cfg.lora.rank and not has_lora(policy.model):
         add_lora(policy, cfg.lora)
     elif has_lora(policy.model) and not cfg.lora.rank:

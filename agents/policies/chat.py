@@ -14,7 +14,10 @@ token, as the processor would, so ``token_ids`` hold the expanded form the model
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -41,11 +44,41 @@ _SENT2 = "QZXQSECONDQZXQ"
 _MAX_CACHED_MESSAGES = 4096
 
 
+#: The file of a model folder holding freshper's chat settings (``{"system_prompt": ...}``).
+CHAT_SETTINGS = "freshper_chat.json"
+
+
+def read_system_prompt(folder: str | os.PathLike) -> str | None:
+    """The system prompt a model folder was saved with (:data:`CHAT_SETTINGS`), or None."""
+    path = Path(str(folder)) / CHAT_SETTINGS
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("system_prompt")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a JSON object of chat settings: {exc}") from None
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{path}: system_prompt must be a string, got {type(value).__name__}")
+    return value
+
+
+def write_system_prompt(folder: Path, text: str | None) -> Path:
+    path = Path(folder) / CHAT_SETTINGS
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(json.dumps({"system_prompt": text}) + "\n", encoding="utf-8")
+    return Path(folder)
+
+
 class ChatRenderer:
     """Renders user messages to ids for one policy (tokenizer, template, image processor)."""
 
-    def __init__(self, policy: RenderingModel) -> None:
+    def __init__(self, policy: RenderingModel, system_prompt: str | None = None) -> None:
         self.policy = policy
+        #: A system message rendered before each conversation's first user message (None: the
+        #: template's own default, where it has one).
+        self.system_prompt = system_prompt
         self.tokenizer = policy.tokenizer
         owner = policy.processor if policy.processor is not None else policy.tokenizer
         if getattr(owner, "chat_template", None) is None and getattr(self.tokenizer, "chat_template", None):
@@ -60,7 +93,10 @@ class ChatRenderer:
         self._ids: dict[str, tuple[int, ...]] = {}
         eos = self.tokenizer.convert_ids_to_tokens(policy.eos_token_id)
         # First message: prefix + text + suffix (with the generation prompt).
-        first = self._render([self._user(_SENT)], True)
+        system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+        first = self._render(system + [self._user(_SENT)], True)
+        if system_prompt is not None and (system_prompt not in first or len(first.split(_SENT)) != 2):
+            raise ValueError(f"{policy.name or 'model'}'s chat template does not render a system message")
         self._first = first.split(_SENT)
         # Continuation after an assistant turn that the model closed with EOS.
         base_msgs = [self._user("A"), {"role": "assistant", "content": _SENT2}]

@@ -203,6 +203,9 @@ def load_adapter_policy(cls, path: Path, *, device: torch.device, dtype: torch.d
         raise ValueError(f"{path / ADAPTER_WEIGHTS} is unreadable: {exc}") from None
     load_adapter_weights(policy.model, saved)
     policy.name = str(path)
+    from agents.policies.chat import read_system_prompt
+
+    policy.set_system_prompt(read_system_prompt(path))  # the adapter folder's own, not its base's
     return policy
 
 

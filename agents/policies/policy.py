@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from agents.policies import sampling_vl
-from agents.policies.chat import ChatRenderer
+from agents.policies.chat import CHAT_SETTINGS, ChatRenderer, read_system_prompt, write_system_prompt
 from agents.record import Generation, Sample
 from agents.policies.sampling import TurnKVCache, sample_text
 
@@ -124,7 +124,7 @@ class Policy:
     """A language or vision-language model plus tokenizer (and processor for VLMs)."""
 
     def __init__(self, model, tokenizer, processor=None, *, name: str = "",
-                 compute_dtype: torch.dtype | None = None) -> None:
+                 compute_dtype: torch.dtype | None = None, system_prompt: str | None = None) -> None:
         from transformers import GenerationConfig
 
         self.model = model
@@ -163,7 +163,18 @@ class Policy:
         vocab_ids = tokenizer.get_vocab()
         self.image_token_id: int | None = vocab_ids.get("<|image_pad|>")
         self.video_token_id: int | None = vocab_ids.get("<|video_pad|>")
-        self.chat = ChatRenderer(self)
+        self.chat = ChatRenderer(self, system_prompt)
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system message before each episode's first user message (None: the chat
+        template's own default). Saved with the model (:data:`CHAT_SETTINGS`), so a checkpoint is
+        played, evaluated and served with the prompts it was trained on."""
+        return self.chat.system_prompt
+
+    def set_system_prompt(self, text: str | None) -> None:
+        if text != self.chat.system_prompt:
+            self.chat = ChatRenderer(self, text)
 
     # -- loading and saving ---------------------------------------------------------------
     @classmethod
@@ -222,7 +233,8 @@ class Policy:
             processor = None
         model.to(device)
         model.eval()
-        return cls(model, tokenizer, processor, name=path_str, compute_dtype=compute_dtype)
+        return cls(model, tokenizer, processor, name=path_str, compute_dtype=compute_dtype,
+                   system_prompt=read_system_prompt(path_str))
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write model, tokenizer and processor so :meth:`from_pretrained` reloads them (a model
@@ -232,8 +244,9 @@ class Policy:
         from agents.policies.lora import has_lora, save_adapter
 
         if has_lora(self.model):
-            return save_adapter(self, path)
+            return write_system_prompt(save_adapter(self, path), self.system_prompt)
         path.mkdir(parents=True, exist_ok=True)
+        write_system_prompt(path, self.system_prompt)
         neutral = self.model.generation_config
         if self.base_generation_config is not None:
             self.model.generation_config = self.base_generation_config

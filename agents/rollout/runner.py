@@ -100,6 +100,8 @@ class RolloutConfig:
     """sampling temperature of rollouts (log-probs are taken at the same temperature)"""
     max_context_tokens: int = 2048
     """per-episode context budget; an episode that would overflow is truncated cleanly"""
+    system_prompt: str | None = field(default=None, metadata={"locked": True})
+    """a system message before each episode's first user message, saved with the model so evaluations and play use it too (default: the model's chat template's own, if it has one; a checkpoint's saved one on resume)"""
 
     def __post_init__(self) -> None:
         window = self.context.split(":", 1)

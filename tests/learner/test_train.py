@@ -93,7 +93,7 @@ FLAGS_BEFORE_THE_NESTED_CONFIG = """run_name runs_root seed start_seed device dt
 #: ... and those a resume refused to change then, as it does now.
 LOCKED_BEFORE_THE_NESTED_CONFIG = """env_id env_kwargs train_env_kwargs context model tiny_width seed start_seed tasks_per_iter
     group_size pretrain_steps pretrain_batch pretrain_lr pretrain_dynamics pretrain_observe pretrain_seconds
-    pretrain_until_exact pretrain_max_steps pretrain_follow_steps pretrain_follow pretrain_success pretrain_replies reasoning lora_rank
+    pretrain_until_exact pretrain_max_steps pretrain_follow_steps pretrain_follow pretrain_success pretrain_replies reasoning system_prompt lora_rank
     lora_alpha lora_targets lora_dropout advantage gigpo_gamma step_weight replay buffer_capacity priority priority_eps
     alpha tau tau_target_ess tau_signal tau_target_clip is_weights beta beta_final beta_anneal_steps lr_decay runs_root
     run_name""".split()
