@@ -247,8 +247,9 @@ def start_of_rl(run: Run) -> None:
         rep = run.start_report
         run.metrics.log({"kind": "pretrain", "iteration": 0, "episodes": 0,
                          **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
-        where = "its own answers in the task's format" if "pretrain_own_usable" in rep else "transitions"
-        print(f"pretraining on {cfg.rollout.env_id}'s {where}: {steps_phrase(rep)}{success_phrase(rep)} in "
+        where = (f"its own answers to {cfg.rollout.env_id}'s prompts" if "pretrain_own_usable" in rep
+                 else f"{cfg.rollout.env_id}'s transitions")
+        print(f"pretraining on {where}: {steps_phrase(rep)}{success_phrase(rep)} in "
               f"{rep['pretrain_seconds']:.0f} s{' (cached)' if rep.get('cached') else ''}, loss "
               f"{rep['pretrain_loss_first']:.3f} -> {rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
     evaluate_phase(run, "baseline", cfg.eval.final_episodes, cfg.eval.both)
