@@ -237,6 +237,32 @@ def bucket_of(age: float, edges: list[float]) -> int:
     return min(max(b, 0), len(edges) - 1)
 
 
+DEFAULT_AGE_EDGES = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def _age_edges(log: ReplayLog) -> list[float]:
+    """The header's ``age_edges``: 1 to 64 finite numbers, increasing; otherwise the default
+    edges, and the log's problems say why."""
+    raw = log.header.get("age_edges")
+    if raw is None:
+        return [float(e) for e in DEFAULT_AGE_EDGES]
+    edges = raw if isinstance(raw, list) and 1 <= len(raw) <= 64 else None
+    if edges is not None and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in edges):
+        values = [float(e) for e in edges]
+        if all(math.isfinite(v) for v in values) and all(a < b for a, b in zip(values, values[1:])):
+            return values
+    problem = (f"the replay log's header has age_edges {_clip(raw)}, not 1 to 64 increasing numbers: "
+               "the default edges are shown")
+    if problem not in log.problems:
+        log.problems.append(problem)
+    return [float(e) for e in DEFAULT_AGE_EDGES]
+
+
+def _clip(value: Any, n: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[:n] + "..."
+
+
 def figures(log: ReplayLog) -> dict[str, Any]:
     """What the replay page plots, per logged iteration (each list is aligned with
     ``iterations``): the buffer's age histogram and sampling mass, the drawn items' age
@@ -244,7 +270,7 @@ def figures(log: ReplayLog) -> dict[str, Any]:
     iteration's updates, as ``metrics.jsonl``'s ``ess/age_*``), the share of the iteration's
     trained tokens that came from replay, tau and the fitted drift, and gradient norm and clip
     fraction of replay and on-policy updates; plus the most replayed episodes."""
-    edges = [float(e) for e in log.header.get("age_edges") or [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]]
+    edges = _age_edges(log)
     draws_by_it: dict[int, list[dict[str, Any]]] = {}
     for d in log.draws:
         if isinstance(d.get("iteration"), int):

@@ -280,3 +280,34 @@ def test_the_viewer_stops_decompressing_a_bomb_segment_while_reading_it(runs: Pa
     assert time.monotonic() - t0 < 20
     assert any("decompresses past 67,108,864 bytes for the segment" in p for p in log.problems), log.problems
     assert figures(log)["iterations"] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("edges", ['"x"', "[]", '["a", 1]', "[3, 2, 1]", "[1e400]", '{"a": 1}', str(list(range(65)))])
+def test_a_header_with_bad_age_edges_is_a_named_problem_on_the_replay_page(runs: Path, tmp_path: Path,
+                                                                           edges: str) -> None:
+    """A replay-log header with ``age_edges: "x"`` made /replay a 500: the page and its API
+    answer, with the default edges and the problem named."""
+    import gzip
+    import json
+
+    import httpx
+
+    from conftest import ViewServer
+
+    run = tmp_path / "runs" / "edges"
+    shutil.copytree(runs / "fresh", run)
+    first = sorted((run / "replay_log").glob("seg-*.jsonl.gz"))[0]
+    lines = gzip.decompress(first.read_bytes()).decode().splitlines()
+    assert json.loads(lines[0])["type"] == "header"
+    lines[0] = lines[0].replace(json.dumps(list(AGE_EDGES)), edges)
+    assert edges in lines[0]
+    first.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    with ViewServer(tmp_path / "runs") as srv:
+        page = httpx.get(f"{srv.url}/replay/edges", timeout=30)
+        api = httpx.get(f"{srv.url}/api/replay", params={"run": "edges"}, timeout=30)
+    assert page.status_code == 200, page.text[:500]
+    assert api.status_code == 200, api.text[:500]
+    problems = api.json()["problems"]
+    assert any("age_edges" in p and "not 1 to 64 increasing numbers" in p for p in problems), problems
+    assert "not 1 to 64 increasing numbers" in page.text
+    assert api.json()["iterations"] == [1, 2, 3, 4] and api.json()["edges"] == [float(e) for e in AGE_EDGES]
