@@ -362,7 +362,52 @@ def _json_object(line: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-_WORKER = _ScoringWorker()
+#: Scoring workers per process at most (``FRESHPER_SCORING_WORKERS``): answers are scored
+#: in parallel up to this many, so a few answers that run to the time limit do not hold up
+#: the others. Workers start when first needed and stay for the next answers.
+SCORING_WORKERS = max(1, int(os.environ.get("FRESHPER_SCORING_WORKERS", "4") or 4))
+
+
+class _ScoringPool:
+    """Up to ``size`` :class:`_ScoringWorker` processes; an answer takes an idle one, starts
+    another while fewer than ``size`` exist, else waits for one at most its time limit."""
+
+    def __init__(self, size: int = SCORING_WORKERS, worker: type = _ScoringWorker) -> None:
+        self.size = int(size)
+        self._worker = worker
+        self._idle: list[_ScoringWorker] = []
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def score(self, request: dict[str, Any], timeout: float, memory_mb: int) -> tuple[float, str | None]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._idle and self._count >= self.size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return 0.0, f"every scoring worker ({self.size}) stayed busy for {timeout:g} s"
+                self._cond.wait(left)
+            if self._idle:
+                worker = self._idle.pop()
+            else:
+                worker = self._worker()
+                self._count += 1
+        try:
+            return worker.score(request, timeout, memory_mb)
+        finally:
+            with self._cond:
+                self._idle.append(worker)
+                self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+        for worker in idle:
+            worker.stop()
+
+
+_WORKER = _ScoringPool()
 
 
 # -- the task ----------------------------------------------------------------------------------

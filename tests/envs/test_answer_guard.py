@@ -218,3 +218,57 @@ def test_every_generators_reference_answers_still_score_as_their_verifier_scores
             assert (score, error) == (pytest.approx(plain), None), (name, answer)
             checked += 1
     assert checked > 300
+
+
+LAZY = {"Derivative(x**2, x, evaluate=True)": "2*x", "Integral(x, x)": "Integral(x, x)",
+        "Integral(x**2, (x, 0, 3))": "Integral(x**2, (x, 0, 3))", "Derivative(sin(x), x, evaluate=True)": "cos(x)"}
+
+
+def test_sympys_lazy_imports_of_its_own_modules_score_and_other_bytecode_is_still_refused() -> None:
+    """Answers that make sympy import a part of itself for the first time (its cached bytecode,
+    read with marshal.loads) were refused as "marshal.loads while scoring"; in a fresh process,
+    as in a fresh scoring worker, they now parse to their values, while marshal.loads called
+    from anywhere else and a standard-library module's bytecode stay refused."""
+    program = (
+        "import json, marshal, sys\n"
+        "from envs.answer_guard import guarded, UnsafeAnswer\n"
+        "from sympy.parsing.sympy_parser import parse_expr\n"
+        "out = {}\n"
+        f"for text in {sorted(LAZY)!r}:\n"
+        "    with guarded() as v:\n"
+        "        try:\n"
+        "            value = str(parse_expr(text))\n"
+        "        except Exception as exc:\n"
+        "            value = type(exc).__name__ + ': ' + str(exc)\n"
+        "    out[text] = [value, v.refused]\n"
+        "for name, attempt in (('marshal', lambda: marshal.loads(marshal.dumps(1))),\n"
+        "                      ('graphlib', lambda: __import__('graphlib'))):\n"
+        "    assert name == 'marshal' or name not in sys.modules\n"
+        "    with guarded() as v:\n"
+        "        try:\n"
+        "            attempt()\n"
+        "        except UnsafeAnswer:\n"
+        "            pass\n"
+        "    out[name] = [None, v.refused]\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for text, value in LAZY.items():
+        assert out[text] == [value, None], (text, out[text])
+    assert out["marshal"][1] == "marshal.loads while scoring an answer"
+    assert out["graphlib"][1] == "marshal.loads while scoring an answer"
+
+
+def test_a_lazily_importing_answer_scores_in_a_fresh_worker() -> None:
+    """Through a fresh real scoring worker: the answer is not refused (its score is the
+    verifier's; no score_error)."""
+    config = {k: v for k, v in reasoning.PRESETS["countdown"].items() if k not in ("task", "max_attempts")}
+    worker = reasoning._ScoringWorker()
+    try:
+        for text in LAZY:
+            score, error = worker.score({**REQUEST, "config": reasoning._config_key(config), "answer": text},
+                                        timeout=60, memory_mb=4096)
+            assert error is None or "refused" not in error and "marshal" not in error, (text, error)
+    finally:
+        worker.stop()
