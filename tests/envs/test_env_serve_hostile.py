@@ -192,3 +192,34 @@ def test_fuzzed_request_bodies_are_answered_2xx_or_4xx_never_500() -> None:
             if resp.status_code == 409 or (resp.status_code == 200 and answer.get("terminated")):
                 client.post(f"/sessions/{sid}/reset", json={"seed": 0})
     assert statuses.get(200, 0) > 50 and statuses.get(400, 0) > 100, statuses
+
+
+def test_three_sessions_scoring_answers_that_never_finish_do_not_hold_up_an_honest_one() -> None:
+    """Three sessions answering 9**9**9 kept one shared scoring worker busy to the time limit
+    each, one after another: an honest answer waited 33 s. Answers are scored by a pool of
+    workers now, so the honest one is scored while the three run out their time."""
+    pytest.importorskip("reasoning_gym")
+    with Served("freshper/Countdown-v0", kwargs={"score_timeout": 4.0}, limits=Limits(max_sessions=8)) as served:
+        clients = [gym.make("freshper/Remote-v0", url=served.url, client_timeout=60) for _ in range(4)]
+        for k, env in enumerate(clients):
+            env.reset(seed=k)
+        warm = [threading.Thread(target=env.step, args=("<answer>1</answer>",)) for env in clients]
+        for t in warm:  # four answers at once: the pool's workers are started
+            t.start()
+        for t in warm:
+            t.join()
+        for k, env in enumerate(clients):
+            env.reset(seed=10 + k)
+        hostile = [threading.Thread(target=env.step, args=("<answer>9**9**9</answer>",)) for env in clients[:3]]
+        for t in hostile:
+            t.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        _, _, _, _, info = clients[3].step("<answer>1 + 2</answer>")
+        took = time.monotonic() - t0
+        for t in hostile:
+            t.join(30)
+        assert not info.get("score_error"), info
+        assert took < 3.0, f"the honest answer took {took:.1f} s"
+        for env in clients:
+            env.close()
