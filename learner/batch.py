@@ -70,8 +70,38 @@ def masked(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, logp, torch.zeros_like(logp))
 
 
-def _chunks(rows: list, size: int) -> list[list]:
-    return [rows[i : i + size] for i in range(0, len(rows), max(1, size))]
+@dataclass(frozen=True)
+class MicroBatch:
+    """How a batch is cut into forward/backward passes: at most ``samples`` sequences, and with
+    ``tokens`` > 0 at most that many padded tokens (sequences x the longest one) a pass, a longer
+    sequence alone. The loss is normalised by the whole batch's tokens, so the cut changes the
+    memory a pass holds, not the update."""
+
+    samples: int = 256
+    tokens: int = 0
+
+
+def _chunks(rows: list, size: "int | MicroBatch") -> list[list]:
+    """``rows`` (samples, or tuples holding one) in order, cut by ``size``: a sample count, or a
+    :class:`MicroBatch` with a token cap too."""
+    cap = size if isinstance(size, MicroBatch) else MicroBatch(int(size))
+    n = max(1, cap.samples)
+    if cap.tokens <= 0:
+        return [rows[i : i + n] for i in range(0, len(rows), n)]
+    out: list[list] = []
+    chunk: list = []
+    width = 0
+    for row in rows:
+        sample = next(x for x in (row if isinstance(row, tuple) else (row,)) if isinstance(x, Sample))
+        w = max(width, len(sample.token_ids))
+        if chunk and (len(chunk) >= n or (len(chunk) + 1) * w > cap.tokens):
+            out.append(chunk)
+            chunk, w = [], len(sample.token_ids)
+        chunk.append(row)
+        width = w
+    if chunk:
+        out.append(chunk)
+    return out
 
 
 def drop_span(sample: Sample, open_id: int, close_id: int) -> Sample:

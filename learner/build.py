@@ -109,7 +109,7 @@ def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, ski
         threads = cfg.model.update_threads or max(1, min(8, available_cpus() // distributed.world_size()))
         with torch_threads(threads):
             return policy_update(policy, reference(), state.optimizer, state.scheduler, trajs, weights, ages,
-                                 loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro_batch,
+                                 loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro(),
                                  max_grad_norm=cfg.rl.max_grad_norm, on_policy=on_policy, skip_span=skip_span,
                                  scaler=state.scaler, shard=shard)
 

@@ -171,6 +171,14 @@ class RLSettings:
     """gradient clipping by global norm (of the pretraining too)"""
     micro_batch: int = 256
     """sequences per forward/backward pass (gradients accumulate over the batch)"""
+    micro_batch_tokens: int = 0
+    """with --micro-batch, at most this many padded tokens (sequences x the longest) per forward/backward pass, a longer sequence alone; 0: no cap. A real model's multi-turn batches need one: a pass holds every layer's activations of its tokens (configs/real_*.yaml: 4096)"""
+
+    def micro(self):
+        """The micro-batch cut (:class:`learner.batch.MicroBatch`) of these settings."""
+        from learner.batch import MicroBatch
+
+        return MicroBatch(self.micro_batch, self.micro_batch_tokens)
     max_nonfinite: int = 5
     """stop the run after this many consecutive updates with a non-finite loss or gradient"""
 
@@ -184,6 +192,7 @@ class RLSettings:
              f"--adam-beta1 and --adam-beta2 must be in [0, 1), got {self.adam_beta1} and {self.adam_beta2}"),
             (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0, "--max-grad-norm must be > 0"),
             (self.micro_batch >= 1 and self.max_nonfinite >= 1, "--micro-batch and --max-nonfinite must be >= 1"),
+            (self.micro_batch_tokens >= 0, "--micro-batch-tokens must be >= 0 (0: no cap)"),
         ]
         _raise_first(checks)
 

@@ -219,7 +219,7 @@ def start_model(cfg: Config, resume: Path | None, modality: str, update_threads:
 
         with torch_threads(update_threads):
             return pretrained_default(cfg.rollout.env_id, cfg.rollout.env_kwargs, cfg.pretrain,
-                                      seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro_batch,
+                                      seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro(),
                                       progress=cfg.run.progress, device=cfg.model.device, width=cfg.model.tiny_width)
     if cfg.model.model is None:
         from agents.policies.tiny import task_model  # the task's own tokenizer where it has one, as pretrained
@@ -241,7 +241,7 @@ def start_of_rl(run: Run) -> None:
 
         with torch_threads(run.update_threads):
             run.start_report = pretrain(run.policy, cfg.rollout.env_id, cfg.rollout.env_kwargs, cfg.pretrain,
-                                        seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro_batch,
+                                        seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro(),
                                         progress=cfg.run.progress)
     if run.start_report:
         rep = run.start_report
@@ -370,7 +370,7 @@ def update(run: Run, trajs: list, weights, ages, on_policy: bool, observe=None) 
         return run.sharded.update(trajs, weights, ages, on_policy)
     with torch_threads(run.update_threads):
         return policy_update(run.policy, run.ref, run.state.optimizer, run.state.scheduler, trajs, weights, ages,
-                             loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro_batch,
+                             loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro(),
                              max_grad_norm=cfg.rl.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span,
                              scaler=run.state.scaler, observe=observe)
 
