@@ -124,6 +124,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def check_depth(value: Any, max_depth: int = MAX_DEPTH, what: str = "the answer") -> Any:
     """``value`` if its lists and objects nest at most ``max_depth`` deep (checked without
     recursion), else :class:`AnswerError`."""
@@ -141,7 +144,7 @@ def loads_json(raw: bytes | str, *, what: str = "the answer", max_depth: int = M
     """``raw`` parsed as strict JSON bounded in depth; any failure an :class:`AnswerError`."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = _DECODER.decode(text)
     except AnswerError as exc:
         raise AnswerError(f"{what} cannot be read: {exc}") from None
     except UnicodeDecodeError:
@@ -152,8 +155,8 @@ def loads_json(raw: bytes | str, *, what: str = "the answer", max_depth: int = M
         raise AnswerError(f"{what} nests deeper than {max_depth} levels") from None
     except (ValueError, TypeError, OverflowError, MemoryError) as exc:  # e.g. an integer of 5,000 digits
         raise AnswerError(f"{what} cannot be read as JSON ({clip(str(exc), 120)})") from None
-    if isinstance(value, (dict, list)):
-        check_depth(value, max_depth, what)
+    if isinstance(value, (dict, list)) and text.count("[") + text.count("{") > max_depth:
+        check_depth(value, max_depth, what)  # only text with that many brackets can nest that deep
     return value
 
 
@@ -161,16 +164,21 @@ def loads_json(raw: bytes | str, *, what: str = "the answer", max_depth: int = M
 _local = threading.local()
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
+class deadline:  # noqa: N801 (used as a function: ``with deadline(5):``)
     """Requests of a :func:`deadline_client` made in this block (this thread) end within
     ``seconds`` from now, however the server paces its answer."""
-    previous = getattr(_local, "deadline", None)
-    _local.deadline = time.monotonic() + float(seconds)
-    try:
-        yield
-    finally:
-        _local.deadline = previous
+
+    __slots__ = ("_end", "_previous")
+
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + float(seconds)
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_local, "deadline", None)
+        _local.deadline = self._end
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.deadline = self._previous
 
 
 def _left(timeout: float | None, error: type[Exception]) -> float | None:
