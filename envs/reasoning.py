@@ -544,8 +544,9 @@ class ReasoningGymEnv(MultiTurnEnv):
         request = {"task": self.task, "config": self._config_json, "size": self.size, "seed": self.dataset_seed,
                    "index": self.index, "answer": answer}
         score, error = _WORKER.score(request, self.score_timeout, self.score_memory_mb)
-        if error:
-            logger.warning("reasoning-gym %s: answer %r scored 0: %s", self.task, answer[:80], error)
+        if error:  # an answer the guard refuses is the policy's, not a fault: info["score_error"] says it
+            log = logger.debug if error.startswith("answer refused") else logger.warning
+            log("reasoning-gym %s: answer %r scored 0: %s", self.task, answer[:80], error)
         return score, error
 
     # -- the rest of the task contract --------------------------------------------------------
