@@ -216,9 +216,14 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
     for a in axes.flat:
         a.set_xlabel("environment episodes")
         a.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    top = 1.0
+    if title:  # wrapped to the figure's width, with room kept above the panels for every line
+        import textwrap
+
+        lines = [part for line in title.splitlines() for part in textwrap.wrap(line, 140) or [""]]
+        fig.suptitle("\n".join(lines), fontsize=10)
+        top = 1.0 - 0.022 * len(lines)
+    fig.tight_layout(rect=(0, 0, 1, top))
     out_path = Path(out_path)
     fig.savefig(out_path, dpi=110)
     plt.close(fig)

@@ -313,7 +313,13 @@ class Viewer:
         form = dict(form or {})
         for key in ("env_id", "seed", "model", "model_path", "kwargs", "decoding"):
             form.setdefault(key, request.query_params.get(key, ""))
-        return self.render("play_new.html", status=status, tasks=registered_tasks(), checkpoints=checkpoints,
+        tasks = registered_tasks()
+        asked = form.get("env_id", "").strip()
+        if asked and not error and asked not in {t.id for t in tasks}:  # a link to a task this viewer lacks: say so
+            error = (f"unknown task {asked[:200]!r}: not registered here (a plugin not installed, or a task in a "
+                     "file: start the viewer with --import)")
+            status = 404
+        return self.render("play_new.html", status=status, tasks=tasks, checkpoints=checkpoints,
                            error=error, form=form, tiny=TINY)
 
     async def play_start(self, request: Request) -> Response:

@@ -357,3 +357,9 @@ def test_the_replay_page_and_a_replayed_episode_over_http(server: ViewServer, ru
     (runs / "on-policy" / "config.yaml").write_text("replay: none\n", encoding="utf-8")
     none = httpx.get(server.url + "/replay/on-policy", timeout=30)
     assert none.status_code == 404 and "has no replay log: it trains on-policy only" in none.text
+
+
+def test_a_play_link_to_a_task_the_viewer_lacks_says_so(server: ViewServer) -> None:
+    page = _get(server, "/play?env_id=mypkg/NotHere-v0", status=404)
+    assert "unknown task" in page and "mypkg/NotHere-v0" in page and "--import" in page
+    assert "unknown task" not in _get(server, f"/play?env_id={TEXT}")

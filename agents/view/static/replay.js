@@ -72,7 +72,7 @@
       el("line", { x1: L, x2: W - R, y1: sy(v), y2: sy(v), stroke: "#eaecf0" }, axis);
       el("text", { x: L - 5, y: sy(v) + 3, "text-anchor": "end" }, axis, fmt(v));
     });
-    ticks(x0, x1, 6).forEach(function (v) {
+    ticks(x0, x1, 6).filter(function (v) { return v === Math.round(v); }).forEach(function (v) {  // whole iterations
       el("text", { x: sx(v), y: H - B + 13, "text-anchor": "middle" }, axis, fmt(v));
     });
     el("rect", { x: L, y: T, width: W - L - R, height: H - T - B, fill: "none", stroke: "#98a2b3" }, svg);
