@@ -81,9 +81,9 @@ class MicroBatch:
     tokens: int = 0
 
 
-def _chunks(rows: list, size: "int | MicroBatch") -> list[list]:
-    """``rows`` (samples, or tuples holding one) in order, cut by ``size``: a sample count, or a
-    :class:`MicroBatch` with a token cap too."""
+def _chunks(rows: list, size: "int | MicroBatch", length=None) -> list[list]:
+    """``rows`` in order, cut by ``size``: a sample count, or a :class:`MicroBatch` with a token
+    cap too (``length(row)``: the row's sequence length)."""
     cap = size if isinstance(size, MicroBatch) else MicroBatch(int(size))
     n = max(1, cap.samples)
     if cap.tokens <= 0:
@@ -92,11 +92,10 @@ def _chunks(rows: list, size: "int | MicroBatch") -> list[list]:
     chunk: list = []
     width = 0
     for row in rows:
-        sample = next(x for x in (row if isinstance(row, tuple) else (row,)) if isinstance(x, Sample))
-        w = max(width, len(sample.token_ids))
+        w = max(width, length(row))
         if chunk and (len(chunk) >= n or (len(chunk) + 1) * w > cap.tokens):
             out.append(chunk)
-            chunk, w = [], len(sample.token_ids)
+            chunk, w = [], length(row)
         chunk.append(row)
         width = w
     if chunk:
@@ -140,7 +139,7 @@ def make_batches(trajs: Sequence[Trajectory], weights: Sequence[float] | np.ndar
     if part is not None:
         rows = rows[part[0]::part[1]]
     out = []
-    for chunk in _chunks(rows, micro_batch):
+    for chunk in _chunks(rows, micro_batch, lambda row: len(row[1].token_ids)):
         samples = [s for _, s in chunk]
         width = max(len(s.token_ids) for s in samples)
         out.append(Batch(
@@ -164,7 +163,7 @@ def supervised_batches(samples: Sequence[Sample], images: Sequence[Sequence[np.n
     rows = [(s, list(im)) for s, im in zip(samples, images) if s.num_sampled > 0]
     total = float(sum(s.num_sampled for s, _ in rows))
     out = []
-    for chunk in _chunks(rows, micro_batch):
+    for chunk in _chunks(rows, micro_batch, lambda row: len(row[0].token_ids)):
         part = [s for s, _ in chunk]
         width = max(len(s.token_ids) for s in part)
         ones = torch.ones(len(part))

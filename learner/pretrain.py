@@ -370,14 +370,13 @@ def own_examples(policy, env_id: str, env_kwargs: dict[str, Any] | None, example
     env = make(env_id, **dict(env_kwargs or {}))
     try:
         task = env.unwrapped
-        replies, raw = own_replies(policy, examples, [task] * len(examples), progress=progress)
+        replies, _ = own_replies(policy, examples, task, progress=progress)
     finally:
         env.close()
     kept = [dataclasses.replace(ex, reply=r, kind="format") for ex, r in zip(examples, replies) if r is not None]
     usable = len(kept) / max(1, len(examples))
     logger.info("own-answer warm-up: %d of %d direct replies give a well-formed answer", len(kept), len(examples))
-    return kept, {"pretrain_own_prompts": len(examples), "pretrain_own_usable": usable,
-                  "pretrain_own_examples": [[ex.text[-120:], r] for ex, r in zip(examples[:8], raw[:8])]}
+    return kept, {"pretrain_own_prompts": len(examples), "pretrain_own_usable": usable}
 
 
 def encode(policy, examples: list[Example]) -> tuple[list[Sample], list[list[np.ndarray]]]:
@@ -494,8 +493,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     def next_examples(step: int) -> list[Example]:
         if not own:
             return streams.examples()
-        start = (step * cfg.batch) % len(pool)
-        return (pool + pool)[start:start + cfg.batch]
+        return [pool[(step * cfg.batch + k) % len(pool)] for k in range(cfg.batch)]
 
     def held_losses() -> dict[str, float]:
         nll = nll_per_sample(policy, held_samples, held_images, micro_batch)
@@ -539,7 +537,8 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
             step += 1
     finally:
         bar.close()
-        streams.close()
+        if not own:  # the own-answer warm-up closed its streams once it had drawn its examples
+            streams.close()
     seconds = time.monotonic() - start
     after = held_losses()
     if not own and (not checks or checks[-1][0] != len(losses)):  # the model as it ends, unless the last check saw it

@@ -247,9 +247,7 @@ def start_of_rl(run: Run) -> None:
         rep = run.start_report
         run.metrics.log({"kind": "pretrain", "iteration": 0, "episodes": 0,
                          **{k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}})
-        where = (f"its own answers to {cfg.rollout.env_id}'s prompts" if "pretrain_own_usable" in rep
-                 else f"{cfg.rollout.env_id}'s transitions")
-        print(f"pretraining on {where}: {steps_phrase(rep)}{success_phrase(rep)} in "
+        print(f"pretraining on {trained_on(rep, cfg.rollout.env_id)}: {steps_phrase(rep)}{success_phrase(rep)} in "
               f"{rep['pretrain_seconds']:.0f} s{' (cached)' if rep.get('cached') else ''}, loss "
               f"{rep['pretrain_loss_first']:.3f} -> {rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
     evaluate_phase(run, "baseline", cfg.eval.final_episodes, cfg.eval.both)
@@ -499,6 +497,11 @@ def success_phrase(rep: dict[str, Any]) -> str:
     return f", imitating {found:,} successful random episodes of {rep['pretrain_episodes']:,}" if found else ""
 
 
+def trained_on(rep: dict[str, Any], task: str) -> str:
+    """What a pretraining report's examples were: the model's own answers, or the task's transitions."""
+    return f"its own answers to {task}'s prompts" if "pretrain_own_usable" in rep else f"{task}'s transitions"
+
+
 def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:
     """How well the pretrained model writes held-out next states, and how that stands to the
     bar, from a pretraining report (the start line and the summary say it alike)."""
@@ -524,6 +527,5 @@ def pretrain_line(run: Run) -> str:
         return ""
     took = f"; {rep['pretrain_seconds']:.0f} s of this session" if run.start_report and not rep.get("cached") \
         and "pretrain_seconds" in rep else ""
-    where = "its own answers in the task's format" if "pretrain_own_usable" in rep else "the task's transitions"
-    return (f"the start: pretrained {steps_phrase(rep)} on {where}{success_phrase(rep)}"
+    return (f"the start: pretrained {steps_phrase(rep)} on {trained_on(rep, 'the task')}{success_phrase(rep)}"
             f"{' (cached)' if rep.get('cached') else ''}{exact_phrase(rep, run.cfg)}{took}")

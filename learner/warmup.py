@@ -49,13 +49,13 @@ def answer_span(reply: str, max_chars: int = 40) -> str | None:
     return span
 
 
-def own_replies(policy, examples: Sequence[Any], tasks: Sequence[Any], *, batch: int = 64,
+def own_replies(policy, examples: Sequence[Any], task: Any, *, batch: int = 64,
                 progress: bool = False) -> tuple[list[str | None], list[str]]:
     """Per example, the task's well-formed reply around the model's own direct answer to its
     prompt, or None where no usable answer came out; and the model's raw direct replies.
 
-    ``tasks[i]`` is a task instance of ``examples[i]``'s task (its ``format_reply`` and
-    ``parse_action`` judge the reply; they do not depend on the episode's state)."""
+    ``task`` is an instance of the examples' task (its ``format_reply`` and ``parse_action``
+    judge the reply; they do not depend on the episode's state)."""
     from tqdm.auto import tqdm
 
     wrapped: list[str | None] = []
@@ -66,7 +66,7 @@ def own_replies(policy, examples: Sequence[Any], tasks: Sequence[Any], *, batch:
             chunk = examples[start:start + batch]
             prompts = [policy.chat.first_message(ex.text + DIRECT_SUFFIX, ex.images) for ex in chunk]
             gens = policy.generate(prompts, [ex.images for ex in chunk], max_new_tokens=DIRECT_TOKENS, greedy=True)
-            for gen, task in zip(gens, tasks[start:start + batch]):
+            for gen in gens:
                 text = policy.reply_text(gen.token_ids)
                 raw.append(text)
                 span = answer_span(text)

@@ -205,3 +205,27 @@ class ViewServer:
 
     def output(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+class Served:
+    """A task server on a free loopback port, serving in a thread."""
+
+    def __init__(self, env_id: str = "freshper/FrozenLake-v0", **kwargs) -> None:
+        import threading
+
+        from envs.serve import make_server
+
+        self.server = make_server(env_id, "127.0.0.1", 0, **kwargs)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> "Served":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        return self.server.url

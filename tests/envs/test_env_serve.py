@@ -20,30 +20,13 @@ from gymnasium.utils.env_checker import check_env
 
 import envs
 from envs.remote import RemoteEnvError
-from envs.serve import Limits, make_server
+from envs.serve import Limits
+
+from conftest import Served
 
 REPO = Path(__file__).resolve().parents[2]
 LAKE = "freshper/FrozenLake-v0"
 
-
-class Served:
-    """A task server on a free loopback port, serving in a thread."""
-
-    def __init__(self, env_id: str, **kwargs) -> None:
-        self.server = make_server(env_id, "127.0.0.1", 0, **kwargs)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self) -> "Served":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    @property
-    def url(self) -> str:
-        return self.server.url
 
 
 @pytest.fixture(scope="module")

@@ -16,27 +16,11 @@ import httpx
 import pytest
 
 import envs  # noqa: F401
-from envs.serve import Limits, make_server
+from envs.serve import Limits
+
+from conftest import Served
 
 LAKE = "freshper/FrozenLake-v0"
-
-
-class Served:
-    def __init__(self, env_id: str = LAKE, **kwargs) -> None:
-        self.server = make_server(env_id, "127.0.0.1", 0, **kwargs)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self) -> "Served":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    @property
-    def url(self) -> str:
-        return self.server.url
 
 
 def _trickle(address, data: bytes, every: float, give_up: float) -> tuple[bytes, float]:

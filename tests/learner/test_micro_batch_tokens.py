@@ -22,7 +22,7 @@ def _sample(n: int) -> Sample:
 
 def test_passes_stay_within_the_token_cap_in_order_and_a_long_sequence_goes_alone() -> None:
     rows = [(i, _sample(n)) for i, n in enumerate([10, 30, 20, 5, 50, 8, 8, 8])]
-    chunks = _chunks(rows, MicroBatch(samples=3, tokens=60))
+    chunks = _chunks(rows, MicroBatch(samples=3, tokens=60), lambda row: len(row[1].token_ids))
     assert [r for c in chunks for r in c] == rows  # every row once, in order
     for c in chunks:
         padded = len(c) * max(len(s.token_ids) for _, s in c)

@@ -80,7 +80,7 @@ def test_own_replies_wrap_the_models_answers_in_the_tasks_format_and_drop_what_i
     env = envs.make("freshper/FrozenLake-v0")
     try:
         examples = [Example(f"board #{k}", [], "<answer>Up</answer>", "format") for k in range(3)]
-        wrapped, raw = own_replies(Stub(), examples, [env.unwrapped] * 3)
+        wrapped, raw = own_replies(Stub(), examples, env.unwrapped)
     finally:
         env.close()
     assert raw == [said[0], said[1], said[2]]
