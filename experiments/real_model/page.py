@@ -30,6 +30,29 @@ def _med(rows: list[dict], key: str) -> str:
     return f"{statistics.median(vals):.3f}" if vals else "-"
 
 
+def _by_operation(path: Path) -> dict[str, list[int]]:
+    """Successes and episodes of an Arithmetic evaluation's archived records by operation
+    (subtraction split by the answer's sign); {} where the records are not there."""
+    import gzip
+    import re
+
+    if not path.is_file():
+        return {}
+    out: dict[str, list[int]] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            r = json.loads(line)
+            m = re.search(r"Calculate (\d+) ([-+*]) (\d+)", r["turns"][0]["observation"])
+            if m is None:
+                return {}
+            a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+            key = ("-, answer < 0" if a < b else "-, answer >= 0") if op == "-" else op
+            cell = out.setdefault(key, [0, 0])
+            cell[0] += bool(r.get("success"))
+            cell[1] += 1
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
@@ -69,6 +92,13 @@ def main() -> None:
         print(f"| {run.name}{' (tiny default)' if run == args.tiny else ''} | {_med(train, 'kl')} | "
               f"{_med(train, 'replay_drift_per_step')} | {_med(train, 'replay_clip_frac')} | {_med(train, 'ess/age_1-2')} | "
               f"{_med(train, 'ess/age_3-8')} | {_med(train, 'ess/age_9+')} |")
+    for run in args.runs:  # Arithmetic: success by operation at the start of RL and delivered
+        rows = {phase: _by_operation(run / "eval" / phase / "records.jsonl.gz") for phase in ("baseline", "final")}
+        if all(rows.values()):
+            kinds = sorted({k for r in rows.values() for k in r})
+            print(f"\n{run.name} by operation | " + " | ".join(kinds) + " |\n|---|" + "---:|" * len(kinds))
+            for phase, r in rows.items():
+                print(f"| {phase} | " + " | ".join(f"{r[k][0]}/{r[k][1]}" for k in kinds) + " |")
     if args.plot:
         import matplotlib
 
