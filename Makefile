@@ -66,11 +66,11 @@ $(BROWSER_STAMP): $(STAMP)
 test-view: $(BROWSER_STAMP)
 	@command -v chromium >/dev/null 2>&1 || [ -n "$$FRESHPER_CHROMIUM" ] || \
 		{ echo "make test-view needs Chromium: apt-get install chromium (or set FRESHPER_CHROMIUM=/path/to/chrome)"; exit 2; }
-	$(PY) -m pytest -q tests/agents/test_view_browser.py --browser $(ARGS)
+	$(PY) -m pytest -q tests/agents/view/test_view_browser.py --browser $(ARGS)
 
 # The same tests, writing the screenshots docs/view.md shows.
 view-screenshots: $(BROWSER_STAMP)
-	$(PY) -m pytest -q tests/agents/test_view_browser.py --browser --screenshots docs/img $(ARGS)
+	$(PY) -m pytest -q tests/agents/view/test_view_browser.py --browser --screenshots docs/img $(ARGS)
 
 # Browse the runs in runs/ at http://127.0.0.1:8765
 view: setup
@@ -95,10 +95,10 @@ test-real: $(REAL_STAMP)
 	$(PY) -m pytest -q tests/agents/test_real_model.py --real $(ARGS)
 
 test-ray: setup-ray
-	$(PY) -m pytest -q tests/agents/test_ray.py $(ARGS)
+	$(PY) -m pytest -q tests/agents/rollout/test_ray.py $(ARGS)
 
 test-vllm: setup-ray vllm-venv
-	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/agents/test_vllm.py tests/agents/test_vllm_conformance.py tests/agents/test_vllm_openai.py $(ARGS)
+	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/agents/engines/test_vllm.py tests/agents/engines/test_vllm_conformance.py tests/agents/engines/test_vllm_openai.py $(ARGS)
 
 # Weight-sync seconds (in memory vs files) and rollout tokens/s (vLLM vs the project's sampler);
 # docs/scaling.md, "The vLLM engine". ARGS="--sizes 0.5b" for the smaller model only.

@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 "$PY" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" | tee -a "$OUT/gpu.txt"
 
 echo "== 1. the engine tests on the GPU"
-"$PY" -m pytest -q tests/agents/test_vllm.py tests/agents/test_vllm_conformance.py -x 2>&1 | tee "$OUT/tests.log"
+"$PY" -m pytest -q tests/agents/engines/test_vllm.py tests/agents/engines/test_vllm_conformance.py -x 2>&1 | tee "$OUT/tests.log"
 
 echo "== 2. GPU defaults (bf16, CUDA graphs) and the weight sync"
 "$PY" - <<'EOF' 2>&1 | tee "$OUT/defaults.log"

@@ -111,7 +111,7 @@ def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     mp.undo()
 
 
-# -- the viewer (tests/agents/test_view.py, tests/agents/test_view_browser.py) --------------------------------
+# -- the viewer (tests/agents/view/test_view.py, tests/agents/view/test_view_browser.py) --------------------------------
 REPO = Path(__file__).resolve().parents[1]
 
 #: Tiny train.py settings for viewer fixtures (a real run folder in well under a minute).

@@ -1,7 +1,7 @@
 """The viewer end to end in a real headless browser: Chromium driven by Playwright against
 ``python -m agents.view`` on loopback, over real tiny run folders.
 
-Run with ``make test-view`` (``pytest tests/agents/test_view_browser.py --browser``); it needs the
+Run with ``make test-view`` (``pytest tests/agents/view/test_view_browser.py --browser``); it needs the
 ``.[browser]`` extra and a Chromium (Debian: ``apt-get install chromium``; another one through
 ``FRESHPER_CHROMIUM=/path/to/chrome``). ``--screenshots docs/img`` writes the screenshots
 docs/view.md shows.

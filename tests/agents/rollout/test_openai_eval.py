@@ -2,7 +2,7 @@
 task. The happy path runs against a real server on loopback (``agents.engines.openai_server`` serving
 the embedded model: real prompts, sampling and log-probs); a scripted stub server stands in
 only for faults a real one cannot be made to produce on demand (429, 5xx, timeouts, malformed
-JSON, dropped connections). vLLM's own server: tests/agents/test_vllm_openai.py (make test-vllm)."""
+JSON, dropped connections). vLLM's own server: tests/agents/engines/test_vllm_openai.py (make test-vllm)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The viewer without a browser: reading damaged run folders, play sessions recorded turn by turn,
 and every page served by the real CLI on loopback (``python -m agents.view``) for a real tiny run.
 
-The same pages in headless Chromium are tests/agents/test_view_browser.py (``make test-view``).
+The same pages in headless Chromium are tests/agents/view/test_view_browser.py (``make test-view``).
 """
 
 from __future__ import annotations

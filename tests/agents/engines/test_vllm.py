@@ -12,7 +12,7 @@ of vLLM and sets ``FRESHPER_VLLM_PYTHON``; skipped otherwise).
   on-policy re-check; a Ray rollout worker samples with its own vLLM engine, whose weights go
   from the object store into the engine in memory.
 
-tests/agents/test_vllm_conformance.py holds the drift conformance test (text and image episodes
+tests/agents/engines/test_vllm_conformance.py holds the drift conformance test (text and image episodes
 re-scored by the learner, turn by turn).
 """
 
@@ -295,7 +295,7 @@ def test_the_sharded_learner_under_torchrun_samples_with_vllm(tmp_path) -> None:
 
     from learner.report import read_metrics
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(repo)}
     argv = ["--runs-root", str(tmp_path), "--run-name", "dv", "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
             *TRAIN_TINY, "--update-threads", "1"]

@@ -23,7 +23,7 @@ import envs
 from agents.policies import tiny
 from envs import MultiTurnEnv, extract_tag, registry
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PLUGIN_SRC = REPO / "tests" / "fixtures" / "freshper_demo_plugin"
 #: ``make train``'s start (FrozenLake, seed 0): the folder name of the default text model. It
 #: changes only when the built-in tasks' text or the tiny model's format does, and then every
