@@ -7,7 +7,6 @@ that needs one is refused when a run starts, with the modes it can train with.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -23,6 +22,7 @@ from gymnasium.utils.env_checker import check_env
 import envs
 import envs.play
 from envs import capabilities
+from envs.cli import import_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "minimal_task.py"
@@ -30,15 +30,16 @@ TASK = "examples/CopyDigit-v0"
 
 
 @pytest.fixture
-def task_class():
-    """Import the example (it registers its task); the registry is left as it ships."""
-    spec = importlib.util.spec_from_file_location("minimal_task", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def task_class(monkeypatch: pytest.MonkeyPatch):
+    """Import the example as ``--import docs/examples/minimal_task.py`` does (it registers its task);
+    the registry, ``sys.path`` and ``sys.modules`` are left as they ship."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    import_tasks([str(EXAMPLE)])
     try:
-        yield module.CopyDigitEnv
+        yield envs.task_class(TASK)
     finally:
         envs.unregister(TASK)
+        sys.modules.pop(EXAMPLE.stem, None)
 
 
 def test_the_hub_page_shows_the_whole_file_and_it_is_short() -> None:

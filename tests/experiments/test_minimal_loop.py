@@ -3,7 +3,6 @@ experiments/board_reading/credit_snr.py, the policy gradient's projection on rea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,17 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-SCRIPTS = {"minimal_loop": "experiments/minimal_loop", "credit_snr": "experiments/board_reading"}
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / SCRIPTS[name] / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from experiments.board_reading import credit_snr as snr
+from experiments.minimal_loop import minimal_loop as ml
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +28,6 @@ def test_the_trainers_prompts_are_the_tokenizers_own_chat_template(tiny: Path) -
 
     from agents.policies.policy import Policy
 
-    ml = _script("minimal_loop")
     tok, policy = AutoTokenizer.from_pretrained(tiny), Policy.from_pretrained(tiny)
     env = ml.make_env()
     obs, info = env.reset(seed=5)
@@ -52,7 +41,6 @@ def test_the_trainers_prompts_are_the_tokenizers_own_chat_template(tiny: Path) -
 def test_shared_header_logprobs_equal_a_full_forward_pass(tiny: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ml = _script("minimal_loop")
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -71,7 +59,6 @@ def test_shared_header_logprobs_equal_a_full_forward_pass(tiny: Path) -> None:
 
 
 def test_group_advantages_are_normalised_within_each_group() -> None:
-    ml = _script("minimal_loop")
     eps = [{"ret": r} for r in (1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5)]
     ml.group_advantages(eps, 4)
     first = np.array([e["adv"] for e in eps[:4]])
@@ -81,7 +68,6 @@ def test_group_advantages_are_normalised_within_each_group() -> None:
 
 @pytest.mark.parametrize("parts", [[], ["--use-runner"], ["--use-runner", "--use-update"]])
 def test_a_short_run_logs_warmup_iterations_and_evaluations(tiny: Path, tmp_path: Path, parts: list[str], capsys) -> None:
-    ml = _script("minimal_loop")
     out = tmp_path / "run.jsonl"
     start = tmp_path / "start"
     args = ["--iterations", "2", "--maps", "2", "--group", "2", "--warmup-steps", "3", "--warmup-batch", "4",
@@ -107,8 +93,6 @@ def _record(group: int, observations: list[str], rewards: list[float]):
 
 
 def test_estimators_give_the_documented_advantages() -> None:
-    snr = _script("credit_snr")
-
     def records():
         return [_record(0, ["s0", "s1"], [0.0, 1.0]), _record(0, ["s0", "s2"], [0.0, 0.0]),
                 _record(0, ["s0", "s3", "s4"], [0.0, 0.0, 0.0]), _record(1, ["s0"], [1.0])]
@@ -139,7 +123,6 @@ def test_the_reading_direction_raises_the_counterfactual_shift(tiny: Path) -> No
     the gradient of, and a step against it lowers it (first order)."""
     from agents.policies.policy import Policy
 
-    snr = _script("credit_snr")
     torch.manual_seed(0)
     policy = Policy.from_pretrained(tiny)
     dirs, shift, habit = snr.directions(policy, probes=8, states=8, seed=0)
@@ -159,7 +142,6 @@ def test_the_reading_direction_raises_the_counterfactual_shift(tiny: Path) -> No
 
 
 def test_measure_reports_every_estimator_and_the_kl_term(tiny: Path, tmp_path: Path) -> None:
-    snr = _script("credit_snr")
     res = snr.measure(str(tiny), ["episode", "step"], batches=2, tasks=2, group=2, probes=4, seed=0,
                       reference=str(tiny))
     assert set(res["estimators"]) == {"episode", "step", "kl"}

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from experiments.searchqa.search_copy_ceiling import cases, greedy_em, sized_model  # noqa: E402
+from experiments.searchqa.search_copy_ceiling import cases, greedy_em, sized_model
 
 
 def test_cases_are_prompts_after_a_search_whose_passages_hold_the_answer() -> None:

@@ -3,7 +3,6 @@ hand-made checkpoints with known steps and on a real tiny run (trained with --ad
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,18 +11,11 @@ from safetensors.torch import save_file
 
 import learner.run
 from learner.config import make_config
+from learner.tools import update_directions
 from learner.checkpoint import list_checkpoints
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = dict(tasks_per_iter=4, group_size=4, max_new_tokens=8, pretrain_steps=30, pretrain_batch=8, eval_every=0, eval_episodes=2,
             final_eval_episodes=2, progress=False, tensorboard=False, threads=1)
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("update_directions", REPO / "learner" / "tools" / "update_directions.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _ckpt(root: Path, name: str, a: torch.Tensor, b: torch.Tensor) -> Path:
@@ -34,7 +26,6 @@ def _ckpt(root: Path, name: str, a: torch.Tensor, b: torch.Tensor) -> Path:
 
 
 def test_step_norms_and_cosines_are_those_of_the_weight_changes(tmp_path: Path) -> None:
-    mod = _script()
     a0, b0 = torch.zeros(3), torch.ones(2)
     d = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])  # a step of norm 5
     ckpts = [_ckpt(tmp_path, "iter_000000", a0, b0),
@@ -42,7 +33,7 @@ def test_step_norms_and_cosines_are_those_of_the_weight_changes(tmp_path: Path) 
              _ckpt(tmp_path, "iter_000002", a0 + 2 * d[0], b0 + 2 * d[1]),  # +d again: cosine +1
              _ckpt(tmp_path, "iter_000003", a0 + d[0], b0 + d[1]),  # -d: cosine -1
              _ckpt(tmp_path, "iter_000004", a0 + d[0] + torch.tensor([0.0, 2.0, 0.0]), b0 + d[1])]  # orthogonal: 0
-    rows = mod.steps(ckpts)
+    rows = update_directions.steps(ckpts)
     assert [r["norm"] for r in rows] == pytest.approx([5.0, 5.0, 5.0, 2.0])
     assert rows[0]["cos_prev"] is None
     assert [r["cos_prev"] for r in rows[1:]] == pytest.approx([1.0, -1.0, 0.0])
@@ -57,12 +48,11 @@ def test_a_real_run_without_momentum_reads_back(tmp_path: Path, capsys) -> None:
     assert len(ckpts) == 4  # the start of RL and one per iteration
     saved = torch.load(ckpts[-1] / "trainer.pt", weights_only=True)
     assert all(tuple(g["betas"]) == (0.0, 0.999) for g in saved["optimizer"]["param_groups"])
-    mod = _script()
-    rows = mod.steps(ckpts)
+    rows = update_directions.steps(ckpts)
     assert len(rows) == 3 and all(r["norm"] > 0 for r in rows)
     assert all(-1.0 <= r["cos_prev"] <= 1.0 for r in rows[1:])
-    assert mod.main([str(tmp_path / "r")]) == 0
+    assert update_directions.main([str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "iter_000003" in out and "cos(prev)" in out
     with pytest.raises(SystemExit, match="two or more"):
-        mod.main([str(tmp_path / "missing")])
+        update_directions.main([str(tmp_path / "missing")])
