@@ -5,7 +5,9 @@ feature combination, freshper's learner beside TRL's GRPOTrainer on the same mod
     python benchmarks/real_scale.py --plan gpu --device cuda   # one 80 GB GPU (docs/scaling.md)
     python benchmarks/real_scale.py --models qwen2.5-0.5b --features bf16,bf16+ckpt --no-trl
     python benchmarks/real_scale.py --plan gpu --device cuda --sharded   # + the 2-process learner (2 GPUs)
+    python -m benchmarks.real_scale --memory-table          # the same, as a module
 
+Run it with the project installed (``make setup``); it imports the project as a user's code does.
 Models are randomly initialised from the published configurations of Qwen2.5-0.5B-Instruct,
 Qwen2.5-1.5B-Instruct and Qwen2.5-VL-3B-Instruct (the values are written below; nothing is
 downloaded) and saved once under ``--cache`` with the embedded model's tokenizer, so both
@@ -39,8 +41,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 
 #: Published configurations (config.json of each Instruct checkpoint), written out.
 QWEN25_TEXT = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
@@ -526,7 +526,7 @@ def worker(spec: dict[str, Any]) -> None:
 def measure(model: str, features: str, framework: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     spec = {"folder": str(folder), "features": features, "framework": framework, "args": vars(args)}
     # Idle OpenMP threads sleep, so a process's CPU time is the work it did, not spinning.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE"}
     launcher = [sys.executable] if framework != "freshper-2proc" else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     try:

@@ -4,7 +4,9 @@ round trip, and rollout tokens/s of vLLM vs the project's sampler on the same mo
     make bench-vllm                                           # everything (~15 min on 2 busy cores)
     .venv/bin/python benchmarks/vllm_sync_bench.py --sizes 0.5b --skip-rollouts
     .venv/bin/python benchmarks/vllm_sync_bench.py --sync-dtype float32 --updates 5
+    .venv/bin/python -m benchmarks.vllm_sync_bench --sizes 0.5b   # the same, as a module
 
+Run it with the project installed (``make setup``); it imports the project as a user's code does.
 Models are randomly initialised Qwen2.5 decoders of the published configs (below; the embedded
 model's tokenizer, whose ids are a subset of the vocabulary) written to a temporary folder.
 
@@ -44,8 +46,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
