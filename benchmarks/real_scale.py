@@ -23,8 +23,9 @@ then the timed GRPO update (on-policy, KL to the reference, 0.04) and the timed 
 ``old_per_token_logps`` path). Peak memory is the process's resident set sampled every 2 ms
 during the update on the CPU, ``torch.cuda.max_memory_allocated`` on a GPU. tokens/s counts every
 token of every sequence the update scores. Each row says which learner path freshper took
-(``prefix``: the shared-prefix passes; ``full``: one forward per sequence, under gradient
-checkpointing). A combination that does not fit or fails is reported as such, not dropped.
+(``prefix``: the KV-cached shared-prefix passes; ``packed``: the same sharing in packed passes
+without a cache, under gradient checkpointing; ``full``: one forward per sequence). A
+combination that does not fit or fails is reported as such, not dropped.
 """
 
 from __future__ import annotations
@@ -307,7 +308,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     from agents.policies.policy import Policy
     from agents.policies.precision import resolve_dtype
     from learner.loss import LossConfig
-    from learner.prefix import full_forward_applies
+    from learner.prefix import scoring_path
     from learner.update import AdapterReference, policy_update
 
     compute = resolve_dtype(feat["dtype"], args.device)
@@ -343,7 +344,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
         out[kind] = {"seconds": peak.seconds, "cpu_seconds": peak.cpu_seconds, "peak_bytes": peak.peak,
                      "tokens": seq_tokens(records), "loss": stats.get("loss")}
     policy.model.train()
-    out["path"] = "full" if full_forward_applies(policy) else "prefix"
+    out["path"] = scoring_path(policy)
     return out
 
 

@@ -17,9 +17,13 @@ so the gradient of every sample flows into the shared computation: values and gr
 a full forward pass on the sampled positions up to float rounding (tested). This is exact, not
 an approximation.
 
-Under gradient checkpointing the learner takes :func:`full_logprobs` instead: one forward per
-sequence without a KV cache (which a recomputed layer would write twice), with only the scored
-positions through the LM head; ``benchmarks/real_scale.py`` measures both paths.
+Under gradient checkpointing a KV cache cannot be used (a recomputed layer would write it
+twice), so the learner takes the packed passes of :mod:`learner.packed` instead: the same sharing
+(header once, each distinct prompt once, the replies after it) in one plain forward per pack,
+with a tree-shaped 4-D attention mask. Where those do not apply (vision models, attention
+implementations without custom masks, the sharded learner) it takes :func:`full_logprobs`: one
+forward per sequence, with only the scored positions through the LM head.
+:func:`scoring_path` names the path; ``benchmarks/real_scale.py`` measures them.
 
 Qwen2-VL-family models take the same three stages with their images: the header is what
 precedes the first vision token, each distinct (prompt, images) pair goes through the vision
@@ -91,9 +95,14 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     if not samples:
         return policy.token_logprobs(samples, [], temperature=temperature)
     images = images if images is not None else [[] for _ in samples]
-    if full_forward_applies(policy):
+    path = scoring_path(policy)
+    if path == "full":
         return full_logprobs(policy, samples, images, temperature)
     with policy.autocast():
+        if path == "packed":
+            from learner.packed import packed_logprobs
+
+            return packed_logprobs(policy, samples, temperature)
         if policy.is_vision:
             if _vision_prefix_applies(policy, samples):
                 return _vision_logprobs(policy, samples, images, temperature)
@@ -101,12 +110,22 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         return _text_logprobs(policy, samples, temperature)
 
 
-def full_forward_applies(policy) -> bool:
-    """Whether the learner scores with one full forward per sequence instead of the shared-prefix
-    passes: under gradient checkpointing while training (a KV cache written inside a layer that
-    is recomputed in the backward pass would be written twice, so the model runs without one),
-    and always in a sharded learner (every rank must make the same number of model calls)."""
-    return getattr(policy, "sharded", False) or (policy.gradient_checkpointing and policy.model.training)
+def scoring_path(policy) -> str:
+    """How the learner scores a batch of ``policy``: ``prefix`` (the KV-cached shared-prefix
+    passes of this module), ``packed`` (:mod:`learner.packed`: the same sharing without a
+    cache) or ``full`` (:func:`full_logprobs`, each sequence whole).
+
+    The cache is off under gradient checkpointing while training (a KV cache written inside a
+    layer that is recomputed in the backward pass would be written twice) and always in a
+    sharded learner (every rank must make the same number of model calls, so it takes ``full``);
+    without the cache a text model whose attention takes a 4-D mask is packed."""
+    from learner import packed
+
+    if getattr(policy, "sharded", False):
+        return "full"
+    if policy.gradient_checkpointing and policy.model.training:
+        return "packed" if packed.applies(policy) else "full"
+    return "prefix"
 
 
 def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: float = 1.0) -> torch.Tensor:

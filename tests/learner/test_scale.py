@@ -60,10 +60,10 @@ def test_the_gradient_checkpointing_path_equals_the_shared_prefix_path_in_loss_a
     checkpointed = Policy.from_pretrained(path)
     checkpointed.enable_gradient_checkpointing()
     assert checkpointed.gradient_checkpointing
-    from learner.prefix import full_forward_applies
+    from learner.prefix import scoring_path
 
     checkpointed.model.train()
-    assert full_forward_applies(checkpointed)
+    assert scoring_path(checkpointed) == ("packed" if modality == "text" else "full")
     checkpointed.model.eval()
     loss_b, grads_b = _loss_and_grads(checkpointed, records)
     assert loss_b == pytest.approx(loss_a, rel=1e-5, abs=1e-6)

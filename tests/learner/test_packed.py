@@ -1,0 +1,153 @@
+"""Packed shared-prefix (tree) attention: each distinct prompt scored once without a KV cache,
+equal to the full forward pass in values and gradients, also under gradient checkpointing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.record import Sample
+from learner import packed
+from learner.packed import packed_logprobs, tree_mask
+from learner.prefix import sampled_logprobs, scoring_path
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    return Policy.from_pretrained(build_tiny_model("text"))
+
+
+def _sample(ids, n_reply: int) -> Sample:
+    ids = np.asarray(ids, dtype=np.int64)
+    mask = np.zeros(len(ids), dtype=np.int8)
+    mask[len(ids) - n_reply:] = 1
+    return Sample(ids, mask, np.zeros(len(ids), dtype=np.float32))
+
+
+def _batch(policy, groups: int = 3, group_size: int = 3, header: int = 12, seed: int = 0) -> list[Sample]:
+    """Groups of samples sharing a prompt, every prompt sharing a header; replies of 1-4 tokens."""
+    rng = np.random.default_rng(seed)
+    vocab = policy.model.config.vocab_size
+    head = rng.integers(5, vocab, header)
+    out = []
+    for g in range(groups):
+        body = rng.integers(5, vocab, 4 + g)
+        for k in range(group_size):
+            reply = rng.integers(5, vocab, 1 + (g + k) % 4)
+            out.append(_sample(np.concatenate([head, body, reply]), len(reply)))
+    return out
+
+
+def _values_and_grads(policy, samples, fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Log-probs on sampled positions and the parameter gradients of their weighted sum (a
+    weight per position, so a wrong position or row cannot cancel out)."""
+    mask = torch.zeros(len(samples), max(len(s.token_ids) for s in samples))
+    for i, s in enumerate(samples):
+        mask[i, : len(s.token_ids)] = torch.as_tensor(s.loss_mask, dtype=torch.float32)
+    weights = torch.linspace(0.5, 1.5, mask.numel()).reshape(mask.shape) * mask
+    policy.model.zero_grad(set_to_none=True)
+    lp = fn(samples)
+    assert lp.shape == mask.shape
+    torch.where(mask > 0, lp * weights, torch.zeros_like(lp)).sum().backward()
+    grads = [p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad(set_to_none=True)
+    return torch.where(mask > 0, lp, torch.zeros_like(lp)).detach(), grads
+
+
+def _assert_equal_to_full_forward(policy, samples, **kw) -> None:
+    full, g_full = _values_and_grads(policy, samples, lambda s: policy.token_logprobs(s, temperature=0.8))
+    fast, g_fast = _values_and_grads(policy, samples, lambda s: packed_logprobs(policy, s, temperature=0.8, **kw))
+    assert torch.isfinite(fast).all()
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+    for a, b in zip(g_full, g_fast):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+
+
+def test_the_tree_mask_shows_each_token_its_own_path_causally() -> None:
+    # header (seg 0: 2 tokens), prompt A (seg 1: 2), a reply of A (seg 2: 1), prompt B (seg 3: 1), a reply of B (seg 4: 2)
+    segments = np.array([0, 0, 1, 1, 2, 3, 4, 4])
+    m = tree_mask(segments, [-1, 0, 1, 0, 3]).int().tolist()
+    assert m == [[1, 0, 0, 0, 0, 0, 0, 0],
+                 [1, 1, 0, 0, 0, 0, 0, 0],
+                 [1, 1, 1, 0, 0, 0, 0, 0],
+                 [1, 1, 1, 1, 0, 0, 0, 0],
+                 [1, 1, 1, 1, 1, 0, 0, 0],
+                 [1, 1, 0, 0, 0, 1, 0, 0],
+                 [1, 1, 0, 0, 0, 1, 1, 0],
+                 [1, 1, 0, 0, 0, 1, 1, 1]]
+
+
+def test_packed_passes_equal_the_full_forward_with_gradients(policy) -> None:
+    _assert_equal_to_full_forward(policy, _batch(policy))
+
+
+def test_packs_cut_by_length_and_a_prompt_split_over_packs_stay_exact(policy) -> None:
+    samples = _batch(policy, groups=2, group_size=5)
+    ids = [np.asarray(s.token_ids) for s in samples]
+    from learner.prefix import prompt_lengths
+
+    packs = packed._packs(ids, prompt_lengths(samples), cap=22)
+    assert len(packs) >= 3 and all(p.length <= 22 for p in packs)
+    assert sorted(b for p in packs for b in set(p.row)) == list(range(len(samples)))  # every sample once
+    _assert_equal_to_full_forward(policy, samples, cap=22)
+
+
+def test_no_header_one_token_replies_and_a_single_sample(policy) -> None:
+    a = _sample([7, 8, 9, 10, 11], 1)
+    b = _sample([12, 8, 9, 13], 1)  # no common header with a
+    c = _sample([7, 8, 9, 10, 11, 14, 15], 3)
+    _assert_equal_to_full_forward(policy, [a, b, c])
+    _assert_equal_to_full_forward(policy, [c])
+
+
+def test_each_distinct_prompt_goes_through_the_model_once(policy) -> None:
+    samples = _batch(policy, groups=3, group_size=4, header=12)
+    seen = []
+    hook = policy.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
+    try:
+        packed_logprobs(policy, samples)
+    finally:
+        hook.remove()
+    bodies = 4 + 5 + 6
+    replies = sum(int(s.loss_mask.sum()) - 1 for s in samples)
+    assert seen == [12 + bodies + replies]  # one pass: the header once, each prompt once, the replies
+    assert sum(seen) < sum(len(s.token_ids) for s in samples) / 2
+
+
+def test_the_eager_attention_takes_the_additive_mask(policy) -> None:
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
+
+    eager = Policy.from_pretrained(build_tiny_model("text"))
+    eager.model.set_attn_implementation("eager")
+    assert packed.applies(eager)
+    _assert_equal_to_full_forward(eager, _batch(eager, seed=1))
+
+
+def test_under_gradient_checkpointing_the_learner_packs_and_matches_the_full_forward() -> None:
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    plain = Policy.from_pretrained(build_tiny_model("text"))
+    checkpointed = Policy.from_pretrained(build_tiny_model("text"))
+    checkpointed.enable_gradient_checkpointing()
+    samples = _batch(plain, groups=2, group_size=3)
+    plain.model.train()
+    checkpointed.model.train()
+    assert scoring_path(plain) == "prefix" and scoring_path(checkpointed) == "packed"
+    full, g_full = _values_and_grads(plain, samples, lambda s: plain.token_logprobs(s))
+    fast, g_fast = _values_and_grads(checkpointed, samples, lambda s: sampled_logprobs(checkpointed, s))
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+    for a, b in zip(g_full, g_fast):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    checkpointed.model.eval()
+    assert scoring_path(checkpointed) == "prefix"  # not training: the KV-cached passes
+    checkpointed.sharded = True
+    checkpointed.model.train()
+    assert scoring_path(checkpointed) == "full"  # every rank must make the same number of calls
