@@ -25,7 +25,7 @@ def merge_to_folder(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype
     if not has_lora(policy.model):
         raise ValueError(f"{checkpoint} holds no LoRA adapters")
     state = plain_state_dict(policy.model)
-    base = Policy.from_pretrained(policy.model.freshper_base, dtype=dtype)
+    base = Policy.from_pretrained(policy.lora_base, dtype=dtype)
     missing, unexpected = base.model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"merged weights do not fit the base model (missing {missing[:3]}, unexpected {unexpected[:3]})")

@@ -91,7 +91,7 @@ class Receiver:
         return checksum(self.net)
 
     def take(self, state: dict[str, np.ndarray]) -> float:
-        from agents.rollout.distributed import load_numpy_state
+        from agents.rollout.transfer import load_numpy_state
 
         load_numpy_state(self.net, state)  # what a Ray rollout worker's set_weights does
         return checksum(self.net)
@@ -106,7 +106,8 @@ def free_port() -> int:
 def bench(model: str, args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from agents.rollout.distributed import state_to_numpy, worker_runtime_env
+    from agents.rollout.transfer import state_to_numpy
+    from agents.rollout.workers import worker_runtime_env
     from agents.engines.vllm_engine import broadcast, new_group
 
     name, dtype = MODELS[model]

@@ -106,12 +106,13 @@ def table(rows: list[dict[str, str]]) -> None:
 def bench_collect(model: Path, rollout: RolloutConfig, tasks: int, repeats: int) -> list[dict[str, str]]:
     """Episodes/s of one B x G collect per setting; the settings take turns in every repeat, so a
     change of the machine's load falls on all of them alike."""
-    from agents.rollout.distributed import RayCollector
+    from agents.policies.spec import PolicySpec
+    from agents.rollout.workers import RayCollector
 
     policy = Policy.from_pretrained(model)
     settings = [("in process", rollout.runner(policy, seed=0)),
-                ("1 Ray worker", RayCollector(policy, model, rollout, workers=1, seed=0)),
-                ("2 Ray workers", RayCollector(policy, model, rollout, workers=2, seed=0))]
+                ("1 Ray worker", RayCollector(policy, model, rollout, workers=1, spec=PolicySpec(), seed=0)),
+                ("2 Ray workers", RayCollector(policy, model, rollout, workers=2, spec=PolicySpec(), seed=0))]
     walls: dict[str, list[float]] = {name: [] for name, _ in settings}
     episodes = tasks * rollout.group_size
     try:
@@ -232,7 +233,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     threads = configure_threads(None)
     print(f"start: {load()}; torch {torch.__version__}, {threads} torch thread(s) per process")
-    from agents.rollout.distributed import ray_init
+    from agents.rollout.workers import ray_init
 
     ray_init(num_cpus=4)  # logical CPUs: three collectors' workers alive at once
     with tempfile.TemporaryDirectory() as tmp:

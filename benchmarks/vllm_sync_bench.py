@@ -213,7 +213,7 @@ def lora_bench(root: Path, dtype: str, rank: int, updates: int, python: str) -> 
     out: dict = {"rank": rank, "dtype": dtype}
     for mode in ("merged", "adapter"):
         sampler = VLLMSampler(folder, eos_token_id=policy.eos_token_id, python=python, dtype=dtype, max_model_len=512,
-                              lora_rank=rank if mode == "adapter" else 0)
+                              lora=LoraSettings(rank=rank) if mode == "adapter" else None)
         try:
             times = []
             for u in range(updates):
@@ -234,7 +234,8 @@ def lora_bench(root: Path, dtype: str, rank: int, updates: int, python: str) -> 
 
 
 def rollout_bench(kind: str, root: Path, args: argparse.Namespace) -> dict:
-    from agents.rollout.distributed import EngineOptions, vllm_sampler
+    from agents.policies.spec import PolicySpec
+    from agents.rollout.engine import EngineSettings, vllm_sampler
     from agents.policies.policy import Policy
     from agents.rollout.runner import RolloutConfig
 
@@ -247,8 +248,8 @@ def rollout_bench(kind: str, root: Path, args: argparse.Namespace) -> dict:
                             group_size=args.group_size, max_new_tokens=args.new_tokens, max_context_tokens=2048)
     seeds = list(range(args.tasks))
     out = {"kind": kind, "model": "Qwen2.5-0.5B decoder" + (" + 2-layer vision tower" if kind == "image" else "")}
-    sampler = vllm_sampler(policy, folder, rollout, seed=0,
-                           engine=EngineOptions("vllm", args.vllm_python, {"dtype": "float32", "max_model_len": 2048}))
+    sampler = vllm_sampler(policy, folder, rollout, seed=0, spec=PolicySpec(torch.float32),
+                           engine=EngineSettings("vllm", args.vllm_python, {"max_model_len": 2048}))
     runs: dict[str, list[tuple[int, float]]] = {"hf": [], "vllm": []}
     try:
         runners = {"hf": rollout.runner(policy, seed=0), "vllm": rollout.runner(policy, seed=0, sampler=sampler)}

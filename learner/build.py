@@ -11,46 +11,44 @@ from typing import Any
 import torch
 
 from learner import distributed
-from learner.config import Config
+from agents.policies.spec import PolicySpec
+from learner.config import Config, policy_spec
 from learner.machine import available_cpus, torch_threads
 from learner.state import ReplaySettings, TrainerState
 
 
-def load_policy(cfg: Config, model_path: Path, *, sampler: bool = False, device: str | None = None):
+def load_policy(cfg: Config, model_path: Path, spec: PolicySpec, *, sampler: bool = False, device: str | None = None):
     """The policy a run trains, from a model folder (or a LoRA run's adapter folder on resume):
     fp32 weights computing in ``--dtype`` under autocast, or with ``--lora-rank`` a frozen base
     in ``--dtype`` with fp32 adapters; gradient checkpointing as asked. ``sampler``: the copy a
     sharded learner's rank 0 plays with (weights in ``--dtype``, no checkpointing)."""
     from agents.policies.lora import add_lora, has_lora
     from agents.policies.policy import Policy
-    from agents.policies.precision import resolve_dtype
 
     device = device or cfg.model.device
-    compute = resolve_dtype(cfg.model.dtype, device)
-    weights = compute if (cfg.lora.rank or sampler) else torch.float32
+    compute = spec.compute_dtype
+    weights = compute if (spec.lora or sampler) else torch.float32
     policy = Policy.from_pretrained(model_path, device=device, dtype=weights, compute_dtype=compute)
     if cfg.rollout.system_prompt is not None:  # saved with every checkpoint from here on
         policy.set_system_prompt(cfg.rollout.system_prompt)
-    if cfg.lora.rank and not has_lora(policy.model):
-        add_lora(policy, cfg.lora)
-    elif has_lora(policy.model) and not cfg.lora.rank:
+    if spec.lora and not has_lora(policy.model):
+        add_lora(policy, spec.lora)
+    elif has_lora(policy.model) and not spec.lora:
         raise ValueError(f"{model_path} holds LoRA adapters: train it with the --lora-rank it was trained with "
-                         f"({policy.model.freshper_lora.rank}), or merge it first (python -m agents.merge_lora)")
+                         f"({policy.lora.rank}), or merge it first (python -m agents.merge_lora)")
     if cfg.model.gradient_checkpointing and not sampler:
         policy.enable_gradient_checkpointing()
     return policy
 
 
-def load_sharded_learner(cfg: Config, model_path: Path):
+def load_sharded_learner(cfg: Config, model_path: Path, spec: PolicySpec):
     """This rank's shard of the trained policy (FSDP2, :mod:`learner.distributed`): loaded on the
     CPU in fp32, adapters and checkpointing added, then sharded onto the rank's device."""
-    from agents.policies.precision import resolve_dtype
-
-    policy = load_policy(cfg, model_path, device="cpu")
+    policy = load_policy(cfg, model_path, spec, device="cpu")
     if policy.is_vision and policy.model.config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
         raise ValueError(f"the sharded learner supports text models and Qwen2-VL-family VLMs, got "
                          f"{policy.model.config.model_type}")
-    distributed.shard_policy(policy, resolve_dtype(cfg.model.dtype, cfg.model.device))
+    distributed.shard_policy(policy, spec.compute_dtype)
     if torch.device(cfg.model.device).type == "cuda":
         policy.model.to(torch.device(cfg.model.device))
     return policy
@@ -65,19 +63,17 @@ def trainer_state(cfg: Config, policy, replay: ReplaySettings) -> TrainerState:
                         device=policy.device)
 
 
-def reference_policy(policy, run_dir: Path):
+def reference_policy(policy, run_dir: Path, spec: PolicySpec):
     """The KL reference of the trained ``policy``: the base with the adapters off for a LoRA
     policy (no copy), else the policy RL started from (``run_dir/reference``), frozen, in the
     compute dtype (one unsharded copy per rank in a sharded learner)."""
     from agents.policies.lora import has_lora
     from agents.policies.policy import Policy
-    from agents.policies.precision import resolve_dtype
     from learner.update import AdapterReference
 
     if has_lora(policy.model):
         return AdapterReference(policy)
-    dtype = getattr(policy.model, "freshper_compute_dtype", None) or policy.compute_dtype
-    ref = Policy.from_pretrained(run_dir / "reference", device=policy.device, dtype=resolve_dtype(dtype))
+    ref = Policy.from_pretrained(run_dir / "reference", device=policy.device, dtype=spec.compute_dtype)
     ref.model.requires_grad_(False)
     return ref
 
@@ -91,7 +87,7 @@ def think_span(policy) -> tuple[int, int]:
     return ids[0][0], ids[1][0]
 
 
-def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, skip_span):
+def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, skip_span, spec: PolicySpec):
     """One rank's update of a sharded learner: ``(trajs, weights, ages, on_policy, shard) ->
     stats``, with its KL reference loaded on first use (after rank 0 wrote it)."""
     from learner.update import policy_update
@@ -102,7 +98,7 @@ def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, ski
         if cfg.loss.kl_coef == 0.0:
             return None
         if not refs:
-            refs.append(reference_policy(policy, run_dir))
+            refs.append(reference_policy(policy, run_dir, spec))
         return refs[0]
 
     def update(trajs, weights, ages, on_policy, shard):
@@ -126,14 +122,15 @@ def serve_rank(cfg: Config) -> int:
         return 2  # rank 0 refused to start; it says why
     model_path, run_dir, resume = payload
     configure_threads(cfg.model.threads)
-    policy = load_sharded_learner(cfg, Path(model_path))
+    spec = policy_spec(cfg)
+    policy = load_sharded_learner(cfg, Path(model_path), spec)
     state = trainer_state(cfg, policy, ReplaySettings("none"))
     if resume is not None:
         state.load(Path(resume))
         distributed.load_sharded(policy, state.optimizer, Path(resume))
     skip_span = None if cfg.rl.think_loss else think_span(policy)
     distributed.serve(distributed.ShardedLearner(policy, None, state,
-                                                 update_function(cfg, policy, state, Path(run_dir), skip_span)))
+                                                 update_function(cfg, policy, state, Path(run_dir), skip_span, spec)))
     return 0
 
 

@@ -11,7 +11,7 @@ that uses it, each checking its own values when it is built.
 - ``replay`` (:class:`learner.state.ReplaySettings`): the replay buffer and the replay updates;
 - ``eval`` (:class:`EvalSettings`): held-out evaluations and the delivered policy;
 - ``scale`` (:class:`ScaleSettings`): rollout workers and asynchronous collection;
-- ``engine`` (:class:`agents.rollout.distributed.EngineOptions`): the sampling engine (hf or vLLM).
+- ``engine`` (:class:`agents.rollout.engine.EngineSettings`): the sampling engine (hf or vLLM).
 
 Each setting has one flat name, the command-line flag (``--tau``) and the key of ``--config``
 files and of a run's saved ``config.yaml`` (``tau: 5``): the section's prefix (``pretrain_``,
@@ -38,8 +38,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from agents.rollout.distributed import EngineOptions
 from agents.policies.lora import LoraSettings
+from agents.policies.spec import PolicySpec
+from agents.rollout.engine import EngineSettings
 from agents.rollout.runner import RolloutConfig
 from agents.rollout.seeds import MAX_RUN_SEED
 from learner.cli import add_flag, check_type, field_docs, load_config_file
@@ -301,7 +302,7 @@ class Config:
                                metadata=_section("held-out evaluations and the policy the run delivers", "eval_"))
     scale: ScaleSettings = field(default_factory=ScaleSettings,
                                  metadata=_section("rollout workers and asynchronous collection (docs/scaling.md)"))
-    engine: EngineOptions = field(default_factory=EngineOptions,
+    engine: EngineSettings = field(default_factory=EngineSettings,
                                   metadata=_section("the sampling engine of training rollouts (docs/scaling.md)"))
 
     def __post_init__(self) -> None:
@@ -548,12 +549,18 @@ def parse_config(argv: Sequence[str] | None = None, description: str | None = No
     return cfg
 
 
+def policy_spec(cfg: Config) -> PolicySpec:
+    """The policy a run trains, as passed to whatever loads, plays or serves it: ``--dtype``
+    resolved on ``--device`` (``auto`` decided here, the one place a run resolves it) and the
+    ``--lora-*`` adapters. A ValueError where this machine cannot run it."""
+    from agents.policies.policy import resolve_device
+
+    return PolicySpec.resolve(cfg.model.dtype, resolve_device(cfg.model.device), cfg.lora)
+
+
 def check_machine(cfg: Config) -> None:
     """Raise ValueError where this machine cannot run ``cfg``: its device, or its precision there."""
-    from agents.policies.policy import resolve_device
-    from agents.policies.precision import resolve_dtype
-
-    resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
+    policy_spec(cfg)
 
 
 def validate(cfg: Config) -> None:

@@ -129,7 +129,6 @@ def shard_policy(policy, compute_dtype: torch.dtype) -> None:
             if hasattr(module, "set_force_sum_reduction_for_comms"):
                 module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no pre-multiplied sum
     policy.compute_dtype = next(policy.model.parameters()).dtype  # no autocast: FSDP2 casts the parameters
-    policy.model.freshper_compute_dtype = compute_dtype
     policy.sharded = True
 
 

@@ -35,7 +35,7 @@ from learner.build import (check_reasoning, load_policy, load_sharded_learner, r
                            trainer_state, update_function)
 from learner.checkpoint import (CheckpointError, disk_full, disk_full_error, list_checkpoints, resolve_resume,
                                 save_checkpoint)
-from learner.config import Config, lr_factor, to_yaml, validate
+from learner.config import Config, lr_factor, policy_spec, to_yaml, validate
 from learner.evaluation import best_folder, evaluate_phase, prune_best, restore_best, validate_policy
 from learner.machine import available_cpus, record_environment, torch_threads
 from learner.replay_log import NullReplayLog, open_replay_log
@@ -110,9 +110,8 @@ def setup(cfg: Config) -> Run:
     to the start (the task's default keyword arguments, the run name), so the ``config.yaml``
     it writes says what the run does."""
     import envs
-    from agents.rollout.distributed import build_collector
+    from agents.rollout.collector import build_collector
     from agents.policies.policy import configure_threads
-    from agents.policies.precision import vllm_dtype
     from learner.checkpoint import RunLock, loading, verify_resume
 
     started = time.monotonic()  # the session's wall time counts the start model's pretraining too
@@ -131,6 +130,7 @@ def setup(cfg: Config) -> Run:
     if cfg.pretrain.reasoning != "none":
         check_reasoning(cfg, env_kwargs)
     configure_threads(cfg.model.threads)
+    spec = policy_spec(cfg)
     update_threads = cfg.model.update_threads or max(1, min(8, available_cpus()))
     resume = resolve_resume(cfg.run.resume) if cfg.run.resume else None
     if resume is not None:
@@ -156,10 +156,10 @@ def setup(cfg: Config) -> Run:
         seed_everything(cfg.run.seed)
         with loading(model_path):
             if sharded:
-                policy = load_policy(cfg, model_path, sampler=True)  # rank 0 plays and evaluates with it
-                learner_policy = load_sharded_learner(cfg, model_path)
+                policy = load_policy(cfg, model_path, spec, sampler=True)  # rank 0 plays and evaluates with it
+                learner_policy = load_sharded_learner(cfg, model_path, spec)
             else:
-                policy = learner_policy = load_policy(cfg, model_path)
+                policy = learner_policy = load_policy(cfg, model_path, spec)
         if policy.is_vision != (modality == "vision"):
             raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
                              f"{env_id} is a {modality} task")
@@ -180,14 +180,12 @@ def setup(cfg: Config) -> Run:
                                      resume_iteration=resumed_at,
                                      header={"alpha": replay.alpha, "tau": replay.tau, "replay_ratio": replay.ratio,
                                              "clip": [cfg.loss.clip_low, cfg.loss.clip_high], "env_id": env_id})
-        engine = dataclasses.replace(cfg.engine, vllm_args={"dtype": vllm_dtype(policy.compute_dtype),
-                                                            **cfg.engine.vllm_args})
         scale = cfg.scale
-        collector = build_collector(policy, model_path, training, seed=cfg.run.seed, workers=scale.rollout_workers,
+        collector = build_collector(policy, model_path, training, spec=spec, seed=cfg.run.seed, workers=scale.rollout_workers,
                                     shards=scale.rollout_shards, asynchronous=scale.async_collect,
                                     max_staleness=scale.max_staleness, steps_per_iteration=cfg.steps_per_iteration(),
                                     plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,
-                                    engine=engine, max_restarts=scale.max_restarts,
+                                    engine=cfg.engine, max_restarts=scale.max_restarts,
                                     log_path=run_dir / "vllm_engine.log", worker_gpus=scale.worker_gpus)
     except BaseException:
         lock.release()
@@ -196,7 +194,7 @@ def setup(cfg: Config) -> Run:
     learner = None
     if sharded:
         learner = distributed.ShardedLearner(learner_policy, policy, state,
-                                             update_function(cfg, learner_policy, state, run_dir, skip_span))
+                                             update_function(cfg, learner_policy, state, run_dir, skip_span, spec))
     run = Run(cfg, run_dir, policy, state, collector, cfg.rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1),
               metrics, update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner,
               replay_log=replay_log, wall_start=started)
@@ -262,7 +260,7 @@ def loop(run: Run) -> None:
 
     cfg, c = run.cfg, run.state.counters
     if run.ref is None and cfg.loss.kl_coef != 0.0 and run.sharded is None:
-        run.ref = reference_policy(run.policy, run.dir)
+        run.ref = reference_policy(run.policy, run.dir, policy_spec(cfg))
     iterations = cfg.run.planned_iterations()
     by_iter = iterations is not None
     budget = cfg.run.time_budget

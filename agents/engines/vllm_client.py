@@ -16,7 +16,7 @@ learner runs on the CPU, NCCL when they run on two GPUs), and each push broadcas
 ``bucket_mb`` in the engine's dtype, which the engine loads into its model in place
 (:mod:`agents.engines.vllm_engine`): no file is written. A tied LM head is not sent (the engine's is
 the embedding). A LoRA model sends its adapters alone when the engine serves adapters
-(``lora_rank``), else its merged weights. ``weight_sync="files"`` keeps the round trip through
+(``lora=``, their settings), else its merged weights. ``weight_sync="files"`` keeps the round trip through
 ``save_pretrained`` under ``/dev/shm`` (the benchmark's baseline).
 
 Which python: ``python=`` (``--vllm-python``), else ``$FRESHPER_VLLM_PYTHON``, else the
@@ -98,7 +98,7 @@ class VLLMSampler:
                  seed: int = 0, enforce_eager: bool | None = None, gpu_memory_utilization: float | None = None,
                  engine_args: dict[str, Any] | None = None, startup_timeout: float = 900.0,
                  log_path: str | os.PathLike | None = None, weight_sync: str = "memory", bucket_mb: int = 256,
-                 lora_rank: int = 0, colocate: bool = False, max_images: int = 16,
+                 lora: Any = None, colocate: bool = False, max_images: int = 16,
                  group_timeout: float = 600.0, threads: int | None = None) -> None:
         import json
 
@@ -110,7 +110,10 @@ class VLLMSampler:
         self.python = python or default_vllm_python()
         self.weight_sync = weight_sync
         self.bucket_bytes = int(bucket_mb) << 20
-        self.lora_rank = int(lora_rank)
+        #: The LoRA adapters (``agents.policies.lora.LoraSettings``) the engine serves as adapters
+        #: (None: weights are pushed merged); its rank sizes the engine's LoRA slot.
+        self.lora = lora if lora is not None and lora.rank else None
+        self.lora_rank = self.lora.rank if self.lora is not None else 0
         self.colocate = bool(colocate)
         self.group_timeout = float(group_timeout)
         self.folder = _shm_root()
@@ -319,9 +322,7 @@ class VLLMSampler:
     def _push_adapter(self, model: Any) -> None:
         from agents.policies.lora import adapter_state_dict
 
-        settings = model.freshper_lora
-        if settings.rank > self.lora_rank:
-            raise ValueError(f"the engine serves LoRA ranks up to {self.lora_rank}, the model has {settings.rank}")
+        settings = self.lora
         config = settings.peft_config().to_dict()
         config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
         if self.transport() == "ipc":

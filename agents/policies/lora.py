@@ -85,8 +85,9 @@ def lora_layers(model) -> list:
 
 
 def has_lora(model) -> bool:
-    """Whether ``model`` carries LoRA adapters (:func:`add_lora`)."""
-    return getattr(model, "freshper_lora", None) is not None
+    """Whether ``model`` carries LoRA adapters (:func:`add_lora`): peft's LoRA layers in it
+    (a sharded model's too; their settings are the policy's, :attr:`Policy.lora`)."""
+    return any(hasattr(m, "lora_A") for m in model.modules())
 
 
 def add_lora(policy, settings: LoraSettings) -> None:
@@ -115,8 +116,8 @@ def add_lora(policy, settings: LoraSettings) -> None:
         if "lora_" in name:
             p.data = p.data.to(device=device, dtype=torch.float32)
             p.requires_grad_(True)
-    model.freshper_lora = settings
-    model.freshper_base = policy.name
+    policy.lora = settings
+    policy.lora_base = policy.name
 
 
 def _linear_names(model) -> set[str]:
@@ -150,11 +151,11 @@ def save_adapter(policy, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model = policy.model
-    settings: LoraSettings = model.freshper_lora
+    settings: LoraSettings = policy.lora
     config = settings.peft_config().to_dict()
     config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
-    config["base_model_name_or_path"] = str(Path(model.freshper_base).resolve()) \
-        if Path(str(model.freshper_base)).exists() else str(model.freshper_base)
+    base = str(policy.lora_base)
+    config["base_model_name_or_path"] = str(Path(base).resolve()) if Path(base).exists() else base
     config["freshper"] = {"rank": settings.rank, "alpha": settings.alpha, "targets": settings.targets,
                           "dropout": settings.dropout}
     save_file(adapter_state_dict(model), str(path / ADAPTER_WEIGHTS))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -135,6 +135,10 @@ class Policy:
         self.tokenizer = tokenizer
         self.processor = processor
         self.name = name
+        #: The LoRA adapters on :attr:`model` (:func:`agents.policies.lora.add_lora`) and the base
+        #: folder they adapt; None without adapters.
+        self.lora: Any = None
+        self.lora_base: str | None = None
         self.is_vision = processor is not None and getattr(processor, "image_processor", None) is not None
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

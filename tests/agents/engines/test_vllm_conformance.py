@@ -30,7 +30,8 @@ VLLM_PYTHON = os.environ.get("FRESHPER_VLLM_PYTHON")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with make test-vllm "
                                                       "(FRESHPER_VLLM_PYTHON names the vLLM environment's python)")
 
-from agents.rollout.distributed import EngineOptions, vllm_sampler  # noqa: E402
+from agents.policies.spec import PolicySpec  # noqa: E402
+from agents.rollout.engine import EngineSettings, vllm_sampler  # noqa: E402
 from agents.policies.policy import Policy  # noqa: E402
 from agents.rollout.runner import RolloutConfig  # noqa: E402
 from agents.policies.tiny import build_tiny_model  # noqa: E402
@@ -79,8 +80,8 @@ def case(request, tmp_path_factory):
     policy = Policy.from_pretrained(path, compute_dtype=precision)
     rollout = RolloutConfig(env_id, {"feedback": False}, "full", group_size=2, max_new_tokens=5,
                             max_context_tokens=1536)
-    sampler = vllm_sampler(policy, path, rollout, seed=0,
-                           engine=EngineOptions("vllm", VLLM_PYTHON, {"max_model_len": 2048, "dtype": precision}))
+    sampler = vllm_sampler(policy, path, rollout, seed=0, spec=PolicySpec.resolve(precision, "cpu"),
+                           engine=EngineSettings("vllm", VLLM_PYTHON, {"max_model_len": 2048}))
     sampler.echo_prompts = True
     yield name, policy, rollout, sampler
     sampler.close()

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from agents.rollout.distributed import (ShardedCollector, build_collector, load_numpy_state, plan_shards, read_folder,
-                                state_to_numpy, write_folder)
+from agents.policies.spec import PolicySpec
+from agents.rollout.collector import build_collector
+from agents.rollout.shards import ShardedCollector, plan_shards
+from agents.rollout.transfer import load_numpy_state, read_folder, state_to_numpy, write_folder
 from agents.policies.policy import Policy
 from agents.rollout.runner import RolloutConfig, Runner
 from agents.rollout.seeds import shard_rng_seed
@@ -43,7 +45,7 @@ def test_shards_split_whole_tasks_with_their_own_seeds_and_group_ids() -> None:
 
 
 def test_one_shard_is_the_plain_runner_exactly(policy) -> None:
-    assert isinstance(build_collector(policy, "unused", LAKE, seed=3), Runner)  # the default path is untouched
+    assert isinstance(build_collector(policy, "unused", LAKE, spec=PolicySpec(), seed=3), Runner)  # the default path is untouched
     runner = LAKE.runner(policy, seed=3)
     sharded = ShardedCollector(LAKE.runner(policy, seed=3), 1)
     a, _ = runner.collect([4, 5], policy_version=2, rng_seed=9, group_base=6)

@@ -26,7 +26,9 @@ ray = pytest.importorskip("ray")
 
 import learner.run  # noqa: E402
 from learner.config import make_config  # noqa: E402
-from agents.rollout.distributed import RayCollector, ShardedCollector, ray_init  # noqa: E402
+from agents.policies.spec import PolicySpec  # noqa: E402
+from agents.rollout.shards import ShardedCollector  # noqa: E402
+from agents.rollout.workers import RayCollector, ray_init  # noqa: E402
 from agents.policies.policy import Policy  # noqa: E402
 from agents.rollout.runner import RolloutConfig  # noqa: E402
 from agents.policies.tiny import build_tiny_model  # noqa: E402
@@ -73,7 +75,7 @@ def _blobs(records) -> list[bytes]:
 
 def test_sync_records_equal_the_in_process_runner_also_after_a_weight_change(cluster, model_path) -> None:
     policy = _fresh_policy(model_path)
-    collector = RayCollector(policy, model_path, LAKE, workers=2, seed=0)
+    collector = RayCollector(policy, model_path, LAKE, workers=2, spec=PolicySpec(), seed=0)
     reference = ShardedCollector(LAKE.runner(policy, seed=0), 2)
     try:
         assert os.getpid() not in collector.worker_pids() and len(set(collector.worker_pids())) == 2
@@ -200,13 +202,13 @@ def test_a_worker_killed_mid_collection_is_replaced_and_no_record_is_lost(cluste
     request = {"seeds": [0, 1, 2, 3], "rng_seed": 5, "group_base": 0}
     expected, stats = ShardedCollector(rollout.runner(policy, seed=0), 2).collect(**request, policy_version=0)
     assert stats["failed"] == 0 and all(len(r.turns) == 3 for r in expected)  # every turn searched the slow server
-    collector = RayCollector(policy, path, rollout, workers=2, seed=0)
+    collector = RayCollector(policy, path, rollout, workers=2, spec=PolicySpec(), seed=0)
     try:
         victim = collector.worker_pids()[0]
         start = slow_retrieval.requests
         result: dict = {}
         thread = threading.Thread(target=lambda: result.update(out=collector.collect(**request, policy_version=0)))
-        with caplog.at_level(logging.WARNING, logger="agents.rollout.distributed"):
+        with caplog.at_level(logging.WARNING, logger="agents.rollout.workers"):
             thread.start()
             deadline = time.monotonic() + 120
             while slow_retrieval.requests < start + 2 and time.monotonic() < deadline:  # both shards mid-episode
@@ -244,7 +246,7 @@ def test_async_records_carry_the_version_they_were_sampled_with(cluster, model_p
         collector.publish(version)
         snapshots[version] = snapshot()
 
-    collector = RayCollector(learner, model_path, LAKE, workers=2, seed=0, asynchronous=True, max_staleness=1,
+    collector = RayCollector(learner, model_path, LAKE, workers=2, spec=PolicySpec(), seed=0, asynchronous=True, max_staleness=1,
                              steps_per_iteration=1, plan=_plan)
 
     def expected(i: int, version: int):
@@ -269,7 +271,7 @@ def test_async_records_carry_the_version_they_were_sampled_with(cluster, model_p
         publish(collector, 3)
         _perturb(learner, seed=4)
         publish(collector, 4)
-        with caplog.at_level(logging.WARNING, logger="agents.rollout.distributed"):
+        with caplog.at_level(logging.WARNING, logger="agents.rollout.workers"):
             records, stats = collector.collect(**_plan(3), policy_version=4)
         assert stats["log"]["stale_dropped"] == 4.0 and {r.policy_version for r in records} == {4}
         assert _blobs(records) == _blobs(expected(3, 4))
