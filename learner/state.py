@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from learner.checkpoint import CheckpointError, rng_state, set_rng_state
+from replay import defaults as replay_defaults
 
 TRAINER_FILE = "trainer.pt"
 REPLAY_FILE = "replay.npz"
@@ -69,11 +70,11 @@ class ReplaySettings:
     """trajectories kept in the buffer (FIFO)"""
     priority: str = field(default="return", metadata=_LOCKED)
     """base priority: 'return' (|R| + eps) or 'advantage' (|A| + eps)"""
-    eps: float = field(default=1e-2, metadata={"locked": True, "flag": "priority_eps"})
+    eps: float = field(default=replay_defaults.EPS, metadata={"locked": True, "flag": "priority_eps"})
     """floor of the base priority"""
-    alpha: float = field(default=1.0, metadata=_LOCKED)
+    alpha: float = field(default=replay_defaults.ALPHA, metadata=_LOCKED)
     """priority exponent"""
-    tau: float | str = field(default=10.0, metadata=_LOCKED)
+    tau: float | str = field(default=replay_defaults.TAU, metadata=_LOCKED)
     """freshness decay in optimizer steps (sampling half-life tau ln2 / alpha); 'auto': set online from the measured policy drift so replayed tokens keep --tau-target-ess (starting at 10)"""
     target_ess: float = field(default=0.9, metadata={"locked": True, "flag": "tau_target_ess"})
     """with --tau auto --tau-signal ess: the IS effective sample size (per token, normalised) replayed data should keep"""
@@ -81,15 +82,15 @@ class ReplaySettings:
     """with --tau auto: what tau keeps at its target, 'ess' (--tau-target-ess) or 'clip': the share of replayed tokens outside the clip range (--tau-target-clip)"""
     target_clip: float = field(default=0.05, metadata={"locked": True, "flag": "tau_target_clip"})
     """with --tau auto --tau-signal clip: the share of replayed tokens whose ratio may lie outside the clip range"""
-    beta: float = field(default=0.4, metadata=_LOCKED)
+    beta: float = field(default=replay_defaults.BETA, metadata=_LOCKED)
     """initial IS-correction exponent, annealed linearly to beta_final"""
-    beta_final: float = field(default=1.0, metadata=_LOCKED)
+    beta_final: float = field(default=replay_defaults.BETA_FINAL, metadata=_LOCKED)
     """final IS-correction exponent"""
     is_target: str = field(default="base", metadata=_LOCKED)
     """what PER's importance weights correct towards: 'base' (the base priorities alone: the base-priority bias is corrected, the age decay kept) or 'uniform' ((N P(i))^-beta, as Schaul et al.); --is-weights classical sets it with --is-normalize buffer"""
     is_normalize: str = field(default="batch", metadata=_LOCKED)
     """IS weights are divided by the largest of the sampled 'batch' or of the whole 'buffer' (as Schaul et al.)"""
-    beta_anneal_steps: int = field(default=1000, metadata=_LOCKED)
+    beta_anneal_steps: int = field(default=replay_defaults.BETA_ANNEAL_STEPS, metadata=_LOCKED)
     """optimizer steps over which beta anneals (a fixed horizon, so a run extended on resume anneals as one run would)"""
     log_mb: float = field(default=64.0, metadata={"flag": "replay_log_mb"})
     """cap of runs/<name>/replay_log, the per-update record of which buffer items were replayed (ids, ages, priorities, probabilities, IS weights, advantages, token IS ratios) that the viewer's replay page reads, in MiB: past it the oldest iterations are deleted (learner/replay_log.py); 0: none"""

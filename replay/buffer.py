@@ -18,6 +18,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from . import defaults
 from .persistence import DefaultCodec, ItemCodec, ReplayCheckpointError, pack_items, read_checkpoint, unpack_items, write_checkpoint
 from .sum_tree import MinTree, SumTree
 
@@ -76,18 +77,19 @@ class ReplayBuffer:
     ``eps``: floor on base priorities; ``is_target``: ``"base"`` corrects only the base-priority
     bias (keeps the age decay), ``"uniform"`` gives classical PER weights ``(N P(i))^-beta``;
     ``is_normalize``: divide by the largest weight in the ``"batch"`` or the whole ``"buffer"``.
+    The defaults are ``train.py``'s (``replay.defaults``).
     """
 
     def __init__(
         self,
         capacity: int,
         mode: str = "fresh",
-        alpha: float = 0.6,
-        tau: float = 500.0,
-        beta: float = 0.4,
-        beta_final: float = 1.0,
-        beta_anneal_steps: int = 10_000,
-        eps: float = 1e-6,
+        alpha: float = defaults.ALPHA,
+        tau: float = defaults.TAU,
+        beta: float = defaults.BETA,
+        beta_final: float = defaults.BETA_FINAL,
+        beta_anneal_steps: int = defaults.BETA_ANNEAL_STEPS,
+        eps: float = defaults.EPS,
         is_target: str = "base",
         is_normalize: str = "batch",
         seed: int | None = None,

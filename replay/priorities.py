@@ -10,18 +10,20 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from . import defaults
 
-def abs_return_priority(returns: Sequence[float] | np.ndarray, eps: float = 1e-6) -> np.ndarray:
+
+def abs_return_priority(returns: Sequence[float] | np.ndarray, eps: float = defaults.EPS) -> np.ndarray:
     """``|return| + eps``: the paper's base priority."""
     return np.abs(np.asarray(returns, dtype=np.float64)) + eps
 
 
-def abs_advantage_priority(advantages: Sequence[float] | np.ndarray, eps: float = 1e-6) -> np.ndarray:
+def abs_advantage_priority(advantages: Sequence[float] | np.ndarray, eps: float = defaults.EPS) -> np.ndarray:
     """``|advantage| + eps``: favours trajectories that carry a learning signal in GRPO."""
     return np.abs(np.asarray(advantages, dtype=np.float64)) + eps
 
 
-def function_priority(fn: Callable[[Any], float], items: Iterable[Any], eps: float = 1e-6) -> np.ndarray:
+def function_priority(fn: Callable[[Any], float], items: Iterable[Any], eps: float = defaults.EPS) -> np.ndarray:
     """``max(fn(item), 0) + eps`` for a user scoring function over opaque items."""
     values = np.fromiter((float(fn(item)) for item in items), dtype=np.float64)
     if not np.all(np.isfinite(values)):

@@ -11,13 +11,13 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from replay import ReplayBuffer, abs_advantage_priority, abs_return_priority, function_priority
+from replay import ReplayBuffer, abs_advantage_priority, abs_return_priority, defaults, function_priority
 
 
 class Reference:
     """Brute-force model: FIFO of (p, t) per id and the closed-form distribution."""
 
-    def __init__(self, capacity: int, mode: str, alpha: float, tau: float, eps: float = 1e-6) -> None:
+    def __init__(self, capacity: int, mode: str, alpha: float, tau: float, eps: float = defaults.EPS) -> None:
         self.capacity, self.mode, self.alpha, self.tau, self.eps = capacity, mode, alpha, tau, eps
         self.store: OrderedDict[int, list[float]] = OrderedDict()
 
@@ -370,3 +370,23 @@ def test_items_come_back_as_the_same_objects_whatever_their_type():
     s = buf.sample(50, 0)
     for item, i in zip(s.items, s.indices):
         assert item is stored[int(i - ids[0])]
+
+
+def test_a_buffer_with_the_defaults_samples_as_a_training_runs_buffer() -> None:
+    """The buffer's defaults are train.py's replay settings: built with its capacity alone, a buffer
+    draws the same items with the same weights as the one a run builds from ``ReplaySettings``."""
+    pytest.importorskip("torch")
+    from learner.state import ReplaySettings
+
+    settings = ReplaySettings(mode="fresh", seed=3)
+    run, plain = settings.build(), ReplayBuffer(settings.capacity, seed=3)
+    rng = np.random.default_rng(0)
+    for step in range(0, 40, 2):
+        returns = rng.exponential(1.0, 8) * (rng.random(8) < 0.5)  # some zero returns: the eps floor
+        np.testing.assert_array_equal(abs_return_priority(returns), abs_return_priority(returns, settings.eps))
+        for buf in (run, plain):
+            buf.add([f"s{step}-{k}" for k in range(8)], abs_return_priority(returns, settings.eps), step)
+    a, b = run.sample(32, 40), plain.sample(32, 40)
+    assert a.items == b.items
+    np.testing.assert_array_equal(a.weights, b.weights)
+    np.testing.assert_array_equal(a.probabilities, b.probabilities)
