@@ -290,11 +290,5 @@ def open_nofollow(path: str | os.PathLike, mode: str = "w", encoding: str | None
                      encoding=None if "b" in mode else encoding)
 
 
-def write_text_nofollow(path: str | os.PathLike, text: str) -> None:
-    """``Path.write_text`` that refuses to write through a symbolic link."""
-    with open_nofollow(path, "w") as fh:
-        fh.write(text)
-
-
 def _clip(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."

@@ -249,15 +249,6 @@ def token_ratios(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Te
     return torch.exp(log_ratio)
 
 
-def ratio_stats(ratios: torch.Tensor, ages: torch.Tensor | None = None) -> dict[str, float]:
-    """Mean/max/min of sampled-token ratios (1-D) and the normalised IS ESS, overall and per
-    age bucket (``ages``: 1-D, one age per ratio)."""
-    stats = LossStats()
-    stats.add_ratios(ratios, ages)
-    summary = stats.summary()
-    return {k: v for k, v in summary.items() if k.startswith(("ratio", "ess"))}
-
-
 def effective_sample_size(rho: torch.Tensor) -> float:
     """Kish's effective sample size ``(sum rho)^2 / sum rho^2``, divided by ``n`` (1 = all equal)."""
     rho = rho.double().reshape(-1)

@@ -39,11 +39,6 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu") -
     return DTYPES[key]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """``"bf16"``, ``"fp16"`` or ``"fp32"``."""
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-
-
 def vllm_dtype(dtype: torch.dtype) -> str:
     """The name vLLM's ``dtype`` argument takes for ``dtype``."""
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
