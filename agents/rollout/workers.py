@@ -257,10 +257,6 @@ class RayCollector:
                 self._slots[slot] = self._new_worker(slot)
         raise AssertionError("unreachable")
 
-    def worker_pids(self) -> list[int]:
-        """The process id of each worker slot (for fault tests and for the log)."""
-        return [int(i["pid"]) for i in self.ray.get([w.info.remote() for w in self._slots])]
-
     def _restart(self, slot: int, error: BaseException, restarts: list[int]) -> None:
         restarts.append(slot)
         self.restarts_total += 1

@@ -73,12 +73,17 @@ def _blobs(records) -> list[bytes]:
     return [r.to_bytes() for r in records]
 
 
+def _worker_pids(collector: RayCollector) -> list[int]:
+    """The process id of each of the collector's worker slots, as each worker reports it."""
+    return [int(i["pid"]) for i in ray.get([w.info.remote() for w in collector._slots])]
+
+
 def test_sync_records_equal_the_in_process_runner_also_after_a_weight_change(cluster, model_path) -> None:
     policy = _fresh_policy(model_path)
     collector = RayCollector(policy, model_path, LAKE, workers=2, spec=PolicySpec(), seed=0)
     reference = ShardedCollector(LAKE.runner(policy, seed=0), 2)
     try:
-        assert os.getpid() not in collector.worker_pids() and len(set(collector.worker_pids())) == 2
+        assert os.getpid() not in _worker_pids(collector) and len(set(_worker_pids(collector))) == 2
         request = {"seeds": [31, 32, 33, 34, 35], "rng_seed": 17, "group_base": 10}
         for version in (0, 3):
             records, stats = collector.collect(**request, policy_version=version)
@@ -204,7 +209,7 @@ def test_a_worker_killed_mid_collection_is_replaced_and_no_record_is_lost(cluste
     assert stats["failed"] == 0 and all(len(r.turns) == 3 for r in expected)  # every turn searched the slow server
     collector = RayCollector(policy, path, rollout, workers=2, spec=PolicySpec(), seed=0)
     try:
-        victim = collector.worker_pids()[0]
+        victim = _worker_pids(collector)[0]
         start = slow_retrieval.requests
         result: dict = {}
         thread = threading.Thread(target=lambda: result.update(out=collector.collect(**request, policy_version=0)))
@@ -221,7 +226,7 @@ def test_a_worker_killed_mid_collection_is_replaced_and_no_record_is_lost(cluste
         assert stats["log"]["worker_restarts"] == 1.0
         assert any("rollout worker 0 died" in r.getMessage() for r in caplog.records)
         assert len(records) == 8 and _blobs(records) == _blobs(expected)  # nothing lost, nothing changed
-        assert victim not in collector.worker_pids()
+        assert victim not in _worker_pids(collector)
     finally:
         collector.close()
 
