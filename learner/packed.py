@@ -24,9 +24,16 @@ split over packs, its prompt repeated; a longer single sequence is a pack alone)
 ``L x L`` mask and the attention over it stay bounded: the attention of a pack is dense over its
 length, which costs ``L`` per token where a sequence alone costs its own length.
 
+Qwen2-VL-family models are packed the same way with their images: a distinct prompt is a
+distinct (prompt, images) pair, its images go through the vision tower once per pack, its
+multimodal-rope positions are the model's own ``get_rope_index`` of the prompt alone, the header
+is the text before the first vision token, and a reply continues at its prompt's largest
+position + 1, as the vision sampler generated it.
+
 It needs an attention that takes a custom 4-D mask (``sdpa`` or ``eager``); other
-implementations, vision models and the sharded learner (a data-dependent number of model calls)
-take :func:`learner.prefix.full_logprobs`.
+implementations, other VLMs, samples with images after their first sampled token and the
+sharded learner (a data-dependent number of model calls) take
+:func:`learner.prefix.full_logprobs`.
 """
 
 from __future__ import annotations
@@ -47,11 +54,20 @@ MASKED_ATTENTION = ("sdpa", "eager")
 
 
 def applies(policy) -> bool:
-    """Whether a batch of ``policy`` can be scored by packed passes: a text model whose attention
-    takes a 4-D mask."""
+    """Whether ``policy`` can be scored by packed passes: a text or Qwen2-VL-family model whose
+    attention takes a 4-D mask (a vision batch also needs :func:`vision_applies`)."""
     if policy.is_vision:
-        return False
-    return getattr(policy.model.config, "_attn_implementation", None) in MASKED_ATTENTION
+        from agents.policies import sampling_vl
+
+        if not sampling_vl.supports(policy.model):
+            return False
+    return _attention(policy) in MASKED_ATTENTION
+
+
+def _attention(policy) -> str | None:
+    """The language model's attention implementation."""
+    config = policy.model.config
+    return getattr(config.get_text_config(), "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
 
 
 @dataclass
@@ -59,9 +75,10 @@ class _Pack:
     """One row: the header, then per distinct prompt its remainder and its samples' replies."""
 
     ids: list = field(default_factory=list)  # int arrays, concatenated in order
-    positions: list = field(default_factory=list)
+    positions: list = field(default_factory=list)  # [D, n] arrays (D = 1, or 3 for multimodal rope)
     segments: list = field(default_factory=list)  # per token, its segment
     parent: list = field(default_factory=list)  # per segment, its parent segment (-1: the root)
+    prompts: list = field(default_factory=list)  # the distinct prompts in the pack, in order
     length: int = 0
     # per scored token: the packed index that predicts it, its target id, its (sample, column)
     predictor: list = field(default_factory=list)
@@ -69,25 +86,25 @@ class _Pack:
     row: list = field(default_factory=list)
     col: list = field(default_factory=list)
 
-    def add(self, tokens: np.ndarray, start: int, parent: int) -> int:
-        """Append a segment of ``tokens`` at positions ``start..``; returns its packed offset."""
+    def add(self, tokens: np.ndarray, positions: np.ndarray, parent: int) -> int:
+        """Append a segment of ``tokens`` at ``positions`` ([D, n]); returns its packed offset."""
         seg = len(self.parent)
         self.parent.append(parent)
         offset = self.length
         self.ids.append(tokens)
-        self.positions.append(np.arange(start, start + len(tokens)))
+        self.positions.append(positions)
         self.segments.append(np.full(len(tokens), seg))
         self.length += len(tokens)
         return offset
 
 
-def _packs(ids: Sequence[np.ndarray], plen: Sequence[int], cap: int) -> list[_Pack]:
-    """The samples in packs of at most ``cap`` tokens (see the module docstring)."""
-    from learner.prefix import group_prompts
-
-    unique, inverse = group_prompts(ids, plen)
+def _packs(ids: Sequence[np.ndarray], plen: Sequence[int], cap: int, unique: Sequence[np.ndarray],
+           inverse: np.ndarray, positions: Sequence[np.ndarray], head: int) -> list[_Pack]:
+    """The samples in packs of at most ``cap`` tokens (see the module docstring). ``unique``:
+    the distinct prompts, ``inverse``: each sample's, ``positions``: each distinct prompt's
+    ``[D, len]`` position ids (a reply continues at their largest + 1), ``head``: the length of
+    the header all distinct prompts share (each keeps >= 1 token after it)."""
     ulen = [len(u) for u in unique]
-    head = min(common_prefix_length(unique), min(ulen) - 1)  # every prompt keeps >= 1 token after it
     members: list[list[int]] = [[] for _ in unique]
     for b, u in enumerate(inverse):
         members[u].append(b)
@@ -113,14 +130,17 @@ def _packs(ids: Sequence[np.ndarray], plen: Sequence[int], cap: int) -> list[_Pa
             packs.append(pack)
             root = -1
             if head:
-                pack.add(unique[u][:head], 0, -1)
+                pack.add(unique[u][:head], positions[u][:, :head], -1)
                 root = 0
-        p_off = pack.add(unique[u][head:], head, root)
+        p_off = pack.add(unique[u][head:], positions[u][:, head:], root)
+        pack.prompts.append(u)
         p_seg = len(pack.parent) - 1
         last = p_off + ulen[u] - head - 1  # predicts each reply's first token
+        start = int(positions[u].max()) + 1
         for b in bs:
             x, p = ids[b], plen[b]
-            r_off = pack.add(x[p:-1], p, p_seg)
+            steps = np.arange(start, start + len(x) - p - 1)
+            r_off = pack.add(x[p:-1], np.broadcast_to(steps, (positions[u].shape[0], len(steps))), p_seg)
             for j in range(len(x) - p):
                 pack.predictor.append(last if j == 0 else r_off + j - 1)
                 pack.target.append(int(x[p + j]))
@@ -144,30 +164,90 @@ def tree_mask(segments: np.ndarray, parent: Sequence[int]) -> torch.Tensor:
     return torch.tril(visible)
 
 
-def packed_logprobs(policy, samples: Sequence, temperature: float = 1.0, cap: int | None = None) -> torch.Tensor:
+def _text_prompts(ids, plen):
+    """Distinct prompts, each sample's, their plain positions and the shared header's length."""
+    from learner.prefix import group_prompts
+
+    unique, inverse = group_prompts(ids, plen)
+    head = min(common_prefix_length(unique), min(len(u) for u in unique) - 1)
+    return unique, inverse, [np.arange(len(u))[None] for u in unique], head, None
+
+
+def _vision_prompts(policy, ids, plen, images):
+    """Distinct (prompt, images) pairs, each sample's, their multimodal-rope positions (the
+    model's own ``get_rope_index`` on the prompt alone), the header (text before the first
+    vision token shared by all) and each distinct prompt's images."""
+    from agents.policies.sampling_vl import _image_key, _rope_positions
+
+    index: dict[tuple, int] = {}
+    inverse = np.empty(len(ids), dtype=np.int64)
+    unique, own_images = [], []
+    for b, (x, p) in enumerate(zip(ids, plen)):
+        key = (x[:p].tobytes(), tuple(_image_key(im) for im in images[b]))
+        if key not in index:
+            index[key] = len(unique)
+            unique.append(x[:p])
+            own_images.append(list(images[b]))
+        inverse[b] = index[key]
+    positions = []
+    for u, ims in zip(unique, own_images):
+        row = torch.as_tensor(u, device=policy.device)[None]
+        grid = policy.vision_inputs(ims).get("image_grid_thw") if ims else None
+        positions.append(_rope_positions(policy, row, torch.ones_like(row), grid)[:, 0].cpu().numpy())
+    vision = set(policy.suppressed_ids)
+    before_vision = next((i for i, t in enumerate(unique[0].tolist()) if t in vision), len(unique[0]))
+    head = common_prefix_length(unique, limit=min(min(len(u) for u in unique) - 1, before_vision))
+    return unique, inverse, positions, head, own_images
+
+
+def vision_applies(policy, samples: Sequence) -> bool:
+    """A Qwen2-VL-family model with no vision token after any sample's first sampled token (a
+    ``full``-context sample whose later turns hold images takes the full forward)."""
+    from agents.policies import sampling_vl
+    from learner.prefix import prompt_lengths
+
+    if not sampling_vl.supports(policy.model):
+        return False
+    vision = np.asarray(policy.suppressed_ids, dtype=np.int64)
+    return not any(np.isin(np.asarray(s.token_ids)[p:], vision).any() for s, p in zip(samples, prompt_lengths(samples)))
+
+
+def packed_logprobs(policy, samples: Sequence, temperature: float = 1.0, cap: int | None = None,
+                    images: Sequence | None = None) -> torch.Tensor:
     """``[B, T_max]`` log-probs of each sample's tokens from its first sampled one on (0 before),
-    from packed passes (see the module docstring); differentiable."""
+    from packed passes (see the module docstring); differentiable. ``images``: per sample its
+    images in order (a vision model)."""
     from learner.prefix import prompt_lengths
 
     model, device = policy.model, policy.device
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
     plen = prompt_lengths(samples)
     t_max = max(len(x) for x in ids)
-    eager = getattr(model.config, "_attn_implementation", None) == "eager"
+    if policy.is_vision:
+        unique, inverse, positions, head, own_images = _vision_prompts(
+            policy, ids, plen, images if images is not None else [[] for _ in samples])
+    else:
+        unique, inverse, positions, head, own_images = _text_prompts(ids, plen)
+    eager = _attention(policy) == "eager"
     rows, cols, parts = [], [], []
-    for pack in _packs(ids, plen, cap or PACK_TOKENS):
+    for pack in _packs(ids, plen, cap or PACK_TOKENS, unique, inverse, positions, head):
         tokens = torch.as_tensor(np.concatenate(pack.ids), device=device)[None]
-        positions = torch.as_tensor(np.concatenate(pack.positions), device=device)[None]
+        pos = torch.as_tensor(np.concatenate(pack.positions, axis=1), device=device)[:, None]  # [D, 1, L]
         mask = tree_mask(np.concatenate(pack.segments), pack.parent).to(device)
         if eager:  # an additive mask
             mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
         predictor = torch.as_tensor(pack.predictor, device=device)
         kw: dict = {}
+        if own_images is not None:
+            kw.update(policy.vision_inputs([im for u in pack.prompts for im in own_images[u]]))
+            kw.update(policy._mm_types(tokens))
+        else:
+            pos = pos[0]
         if policy.takes_logits_to_keep:
             keep = torch.unique(predictor)  # sorted; the shared prompt ends appear once
             kw["logits_to_keep"] = keep
             predictor = torch.searchsorted(keep, predictor)
-        logits = model(input_ids=tokens, attention_mask=mask[None, None], position_ids=positions, use_cache=False,
+        logits = model(input_ids=tokens, attention_mask=mask[None, None], position_ids=pos, use_cache=False,
                        **kw).logits[0]
         parts.append(policy.logprobs_of(logits.index_select(0, predictor),
                                         torch.as_tensor(pack.target, device=device), temperature))

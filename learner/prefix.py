@@ -20,9 +20,10 @@ an approximation.
 Under gradient checkpointing a KV cache cannot be used (a recomputed layer would write it
 twice), so the learner takes the packed passes of :mod:`learner.packed` instead: the same sharing
 (header once, each distinct prompt once, the replies after it) in one plain forward per pack,
-with a tree-shaped 4-D attention mask. Where those do not apply (vision models, attention
-implementations without custom masks, the sharded learner) it takes :func:`full_logprobs`: one
-forward per sequence, with only the scored positions through the LM head.
+with a tree-shaped 4-D attention mask. Where those do not apply (VLMs other than the Qwen2-VL
+family, attention implementations without custom masks, the sharded learner) it takes
+:func:`full_logprobs`: one forward per sequence, with only the scored positions through the LM
+head.
 :func:`scoring_path` names the path; ``benchmarks/real_scale.py`` measures them.
 
 Qwen2-VL-family models take the same three stages with their images: the header is what
@@ -96,13 +97,17 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         return policy.token_logprobs(samples, [], temperature=temperature)
     images = images if images is not None else [[] for _ in samples]
     path = scoring_path(policy)
+    if path == "packed" and policy.is_vision:
+        from learner.packed import vision_applies
+
+        path = "packed" if vision_applies(policy, samples) else "full"
     if path == "full":
         return full_logprobs(policy, samples, images, temperature)
     with policy.autocast():
         if path == "packed":
             from learner.packed import packed_logprobs
 
-            return packed_logprobs(policy, samples, temperature)
+            return packed_logprobs(policy, samples, temperature, images=images)
         if policy.is_vision:
             if _vision_prefix_applies(policy, samples):
                 return _vision_logprobs(policy, samples, images, temperature)
@@ -118,7 +123,8 @@ def scoring_path(policy) -> str:
     The cache is off under gradient checkpointing while training (a KV cache written inside a
     layer that is recomputed in the backward pass would be written twice) and always in a
     sharded learner (every rank must make the same number of model calls, so it takes ``full``);
-    without the cache a text model whose attention takes a 4-D mask is packed."""
+    without the cache a model whose attention takes a 4-D mask is packed (a vision batch whose
+    replies hold images takes ``full``: :func:`learner.packed.vision_applies`)."""
     from learner import packed
 
     if getattr(policy, "sharded", False):

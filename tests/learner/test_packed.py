@@ -91,7 +91,9 @@ def test_packs_cut_by_length_and_a_prompt_split_over_packs_stay_exact(policy) ->
     ids = [np.asarray(s.token_ids) for s in samples]
     from learner.prefix import prompt_lengths
 
-    packs = packed._packs(ids, prompt_lengths(samples), cap=22)
+    plen = prompt_lengths(samples)
+    unique, inverse, positions, head, _ = packed._text_prompts(ids, plen)
+    packs = packed._packs(ids, plen, 22, unique, inverse, positions, head)
     assert len(packs) >= 3 and all(p.length <= 22 for p in packs)
     assert sorted(b for p in packs for b in set(p.row)) == list(range(len(samples)))  # every sample once
     _assert_equal_to_full_forward(policy, samples, cap=22)
@@ -151,3 +153,42 @@ def test_under_gradient_checkpointing_the_learner_packs_and_matches_the_full_for
     checkpointed.sharded = True
     checkpointed.model.train()
     assert scoring_path(checkpointed) == "full"  # every rank must make the same number of calls
+
+
+def _vision_policy(layout: str, checkpointing: bool):
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
+
+    policy = Policy.from_pretrained(build_tiny_model("vision"))
+    if layout == "mrope":  # Qwen2-VL's own (t, h, w) positions instead of the tiny model's flat ones
+        del policy.model.model.get_rope_index
+        policy.model.config.freshper_positions = "mrope"
+    if checkpointing:
+        policy.enable_gradient_checkpointing()
+    return policy
+
+
+@pytest.mark.parametrize("layout", ["flat", "mrope"])
+def test_vision_batches_pack_under_checkpointing_and_match_the_full_forward(layout: str) -> None:
+    from agents.rollout.runner import Runner
+
+    torch.manual_seed(0)
+    plain, checkpointed = _vision_policy(layout, False), _vision_policy(layout, True)
+    records, _ = Runner(plain, "freshper/FrozenLakeVision-v0", group_size=2, max_new_tokens=4, seed=5,
+                        context="window:1", env_kwargs={"feedback": False}).collect([21, 22], policy_version=0)
+    samples = [s for r in records for s in r.samples if s.num_sampled]
+    images = [[r.images[k] for k in s.image_ids] for r in records for s in r.samples if s.num_sampled]
+    assert len({bytes(np.asarray(s.token_ids)[:int(np.argmax(s.loss_mask))]) for s in samples}) < len(samples)
+    plain.model.train()
+    checkpointed.model.train()
+    assert scoring_path(checkpointed) == "packed" and packed.vision_applies(checkpointed, samples)
+    full, g_full = _values_and_grads(plain, samples, lambda s: plain.token_logprobs(s, images, temperature=0.7))
+    fast, g_fast = _values_and_grads(checkpointed, samples,
+                                     lambda s: sampled_logprobs(checkpointed, s, images, temperature=0.7))
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+    for a, b in zip(g_full, g_fast):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    # a pack cut inside the batch: each pack's images go with it
+    cut, _ = _values_and_grads(checkpointed, samples, lambda s: packed_logprobs(checkpointed, s, 0.7, cap=1,
+                                                                                images=images))
+    torch.testing.assert_close(cut, full, rtol=0, atol=1e-5)

@@ -63,7 +63,7 @@ def test_the_gradient_checkpointing_path_equals_the_shared_prefix_path_in_loss_a
     from learner.prefix import scoring_path
 
     checkpointed.model.train()
-    assert scoring_path(checkpointed) == ("packed" if modality == "text" else "full")
+    assert scoring_path(checkpointed) == "packed"
     checkpointed.model.eval()
     loss_b, grads_b = _loss_and_grads(checkpointed, records)
     assert loss_b == pytest.approx(loss_a, rel=1e-5, abs=1e-6)
