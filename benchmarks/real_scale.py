@@ -308,9 +308,14 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     from agents.policies.policy import Policy
     from agents.policies.precision import resolve_dtype
     from learner.loss import LossConfig
-    from learner.prefix import scoring_path
+    import learner.prefix
     from learner.update import AdapterReference, policy_update
 
+    natural, forced = learner.prefix.scoring_path, getattr(args, "path", None)
+    if forced:  # the trained model's scoring path (a frozen reference keeps its own)
+        if forced == "prefix" and feat["ckpt"]:
+            raise ValueError("the prefix path needs a KV cache: not under gradient checkpointing")
+        learner.prefix.scoring_path = lambda p: forced if p.model.training else natural(p)
     compute = resolve_dtype(feat["dtype"], args.device)
     policy = Policy.from_pretrained(folder, device=args.device, dtype=compute if feat["lora"] else torch.float32,
                                     compute_dtype=compute)
@@ -344,7 +349,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
         out[kind] = {"seconds": peak.seconds, "cpu_seconds": peak.cpu_seconds, "peak_bytes": peak.peak,
                      "tokens": seq_tokens(records), "loss": stats.get("loss")}
     policy.model.train()
-    out["path"] = scoring_path(policy)
+    out["path"] = learner.prefix.scoring_path(policy)
     return out
 
 
@@ -609,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-trl", action="store_true", help="freshper alone")
+    parser.add_argument("--path", choices=("prefix", "packed", "full"), default=None,
+                        help="freshper's scoring path instead of its own choice (learner.prefix.scoring_path; "
+                             "prefix: not with gradient checkpointing)")
     parser.add_argument("--no-warmup", action="store_true", help="time the first updates (large models on a CPU)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement process")
     parser.add_argument("--cache", default=str(REPO / ".cache" / "real_scale"))
