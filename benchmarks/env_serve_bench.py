@@ -1,49 +1,81 @@
 """Steps per second of a served task (``python -m envs.serve``) against the same task in-process.
 
     python benchmarks/env_serve_bench.py [--env freshper/FrozenLake-v0] [--sessions 1 8 64] [--seconds 3]
+        [--server process|thread]
 
 For each number of sessions N: N envs play random well-formed replies until ``--seconds`` have
-passed, resetting as episodes end. ``in-process``: N local envs stepped in turn. ``served,
-batched``: N ``freshper/Remote-v0`` clients stepped in turn as the runner steps them, one
-``/batch`` request per turn of all N (``before_batch_step``). ``served, threads``: N clients each
-stepping from its own thread, one request per step (N concurrent connections). The server runs
-in this process on loopback, in a thread, so client and server share the CPU and the GIL.
+passed, the episodes that ended in a turn reset after it. ``in-process``: N local envs stepped
+in turn. ``batched steps``: N ``freshper/Remote-v0`` clients stepped in turn as the runner steps
+them, one ``/batch`` request per turn of all N (``before_batch_step``), each reset its own
+request. ``batched steps and resets``: the same with a turn's resets sent as one ``/batch``
+request too (``before_batch_reset``). ``threads``: N clients each stepping from its own thread,
+one request per step (N concurrent connections). The server is
+``python -m envs.serve`` on loopback: by default its own process (``--server process``, as it is
+deployed), or a thread of this process (``--server thread``: client and server share the GIL).
 Ratios are served / in-process.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 import envs  # noqa: F401
 from envs.remote import RemoteEnv
+from envs.remote import remote_id as remote_id_of
 from envs.serve import Limits, make_server
+
+REPO = Path(__file__).resolve().parents[1]
 
 MOVES = ("Left", "Down", "Right", "Up")  # FrozenLake's and Sokoban's replies
 
 
-def _lockstep(envs_: list, seconds: float, batched: bool) -> float:
+def _lockstep(envs_: list, seconds: float, batched: bool, batch_resets: bool = False,
+              split: dict[str, float] | None = None) -> float:
+    """Steps per second; ``split`` (if given) collects the seconds spent in the batch requests,
+    in stepping (one request per step where not batched) and in the resets, the client thread's
+    CPU seconds and the steps."""
     rng = np.random.default_rng(0)
     for k, env in enumerate(envs_):
         env.reset(seed=k)
-    steps, t0 = 0, time.perf_counter()
+    steps, t0, cpu0 = 0, time.perf_counter(), time.thread_time()
     seed = len(envs_)
-    while time.perf_counter() - t0 < seconds:
+    clock = time.perf_counter
+    parts = {"batch requests": 0.0, "stepping": 0.0, "resets": 0.0}
+    while clock() - t0 < seconds:
         replies = [f"<answer>{MOVES[int(rng.integers(4))]}</answer>" for _ in envs_]
+        a = clock()
         if batched:
             RemoteEnv.before_batch_step([e.unwrapped for e in envs_], replies)
+        b = clock()
+        ended = []
         for env, reply in zip(envs_, replies):
             _, _, terminated, truncated, _ = env.unwrapped.step(reply)
             steps += 1
             if terminated or truncated:
-                env.unwrapped.reset(seed=seed)
-                seed += 1
-    return steps / (time.perf_counter() - t0)
+                ended.append(env.unwrapped)
+        c = clock()
+        seeds = list(range(seed, seed + len(ended)))
+        seed += len(ended)
+        if batch_resets:
+            RemoteEnv.before_batch_reset(ended, seeds)
+        for env, s in zip(ended, seeds):
+            env.reset(seed=s)
+        parts["batch requests"] += b - a
+        parts["stepping"] += c - b
+        parts["resets"] += clock() - c
+    wall = clock() - t0
+    if split is not None:
+        split.update(parts, wall=wall, client_cpu=time.thread_time() - cpu0, steps=steps)
+    return steps / wall
 
 
 def _threads(envs_: list, seconds: float) -> float:
@@ -75,28 +107,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="freshper/FrozenLake-v0")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where a served step's time goes (batched steps, resets one by one)")
+    parser.add_argument("--server", choices=("process", "thread"), default="process",
+                        help="run the server as its own process (python -m envs.serve) or in a thread of this one")
     args = parser.parse_args(argv)
-    server = make_server(args.env, limits=Limits(max_sessions=max(args.sessions)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    remote_id = "freshper/RemoteVision-v0" if server.service.spec.modality == "vision" else "freshper/Remote-v0"
-    print(f"{args.env}, {args.seconds:g} s per setting, server on loopback in this process")
-    print(f"{'sessions':>8}  {'in-process':>11}  {'served, batched':>15}  {'ratio':>6}  {'served, threads':>15}  {'ratio':>6}")
+    proc = server = None
+    if args.server == "process":
+        proc = subprocess.Popen([sys.executable, "-m", "envs.serve", args.env, "--port", "0", "--max-sessions",
+                                 str(max(args.sessions)), "--log-level", "WARNING"], cwd=REPO,
+                                stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        found = re.search(r"at (http://\S+):", line)
+        if not found:
+            proc.kill()
+            raise SystemExit(f"the server did not start: {line!r}")
+        url = found.group(1)
+    else:
+        server = make_server(args.env, limits=Limits(max_sessions=max(args.sessions))).start()
+        url = server.url
+    profiles: list[str] = []
     try:
+        remote_id = remote_id_of(url)
+        where = "its own process" if proc is not None else "a thread of this process"
+        print(f"{args.env}, {args.seconds:g} s per setting, the server on loopback in {where}")
+        print(f"{'sessions':>8}  {'in-process':>11}  {'batched steps':>13}  {'ratio':>6}  {'batched steps+resets':>20}  "
+              f"{'ratio':>6}  {'threads':>9}  {'ratio':>6}")
         for n in args.sessions:
             local = [gym.make(args.env) for _ in range(n)]
             base = _lockstep(local, args.seconds, batched=False)
             for e in local:
                 e.close()
-            remote = [gym.make(remote_id, url=server.url) for _ in range(n)]
-            batched = _lockstep(remote, args.seconds, batched=True)
+            remote = [gym.make(remote_id, url=url) for _ in range(n)]
+            split: dict[str, float] = {}
+            batched = _lockstep(remote, args.seconds, batched=True, split=split)
+            both = _lockstep(remote, args.seconds, batched=True, batch_resets=True)
             threaded = _threads(remote, args.seconds)
             for e in remote:
                 e.close()
-            print(f"{n:>8}  {base:>9.0f}/s  {batched:>13.0f}/s  {batched / base:>6.3f}  {threaded:>13.0f}/s  "
-                  f"{threaded / base:>6.3f}")
+            print(f"{n:>8}  {base:>9.0f}/s  {batched:>11.0f}/s  {batched / base:>6.3f}  {both:>18.0f}/s  "
+                  f"{both / base:>6.3f}  {threaded:>7.0f}/s  {threaded / base:>6.3f}")
+            if args.profile:
+                per = {k: split[k] / split["steps"] * 1e6 for k in ("batch requests", "stepping", "resets", "client_cpu")}
+                profiles.append(f"{n:>8}  in-process {1e6 / base:5.0f} us/step; served (batched steps) "
+                                f"{split['wall'] / split['steps'] * 1e6:5.0f} us/step = batch requests "
+                                f"{per['batch requests']:4.0f} + stepping {per['stepping']:4.0f} + resets "
+                                f"{per['resets']:4.0f}; the client's CPU {per['client_cpu']:4.0f}")
+        if profiles:
+            print("where a served step's time goes (per step, batched steps, each reset its own request):")
+            print("\n".join(profiles))
     finally:
-        server.shutdown()
-        server.server_close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        else:
+            server.shutdown()
+            server.server_close()
     return 0
 
 

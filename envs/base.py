@@ -32,6 +32,7 @@ what a task declares or implements         what it is for / the default
 ``format_reply(action)``                   ``<answer>action</answer>``
 ``describe_action(reply)``                 the answer tag's content
 ``before_batch_step(envs, replies)``       class method; nothing
+``before_batch_reset(envs, seeds)``        class method; nothing
 ``client_kwargs`` (class attribute)        the keyword arguments a client of the served task
                                            may set, each with its bounds (``ClientKwarg``);
                                            none
@@ -335,6 +336,13 @@ class MultiTurnEnv(gym.Env[dict, str]):
         this turn, and its reply, before stepping them one by one: a task whose step does
         expensive I/O does it here for the whole batch (search: one retrieval request per turn).
         ``step`` must give the same result whether or not this ran. The default does nothing."""
+
+    @classmethod
+    def before_batch_reset(cls, envs: "Sequence[MultiTurnEnv]", seeds: Sequence[int | None]) -> None:
+        """Called by batched runners with every env of this class about to be reset, and its
+        seed, before resetting them one by one (``reset(seed=...)``, no options): a served task
+        sends them as one request. ``reset`` must give the same result whether or not this
+        ran. The default does nothing."""
 
     # -- the contract -------------------------------------------------------------------
     def _observation(self, text: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ rewards and ``info``, and the task contract's text methods (``legal_actions``,
 served task can be pretrained on too; ``sample_reply(rng)`` draws locally from the served
 ``effective_actions`` exactly as the task would. Runners that step a turn's envs together
 (:func:`MultiTurnEnv.before_batch_step`) send the whole turn to each server as one ``/batch``
-request. The optional text capabilities (:mod:`envs.capabilities`) are answered by the served
+request, and resets announced together (:func:`MultiTurnEnv.before_batch_reset`) go as one too. The optional text capabilities (:mod:`envs.capabilities`) are answered by the served
 task, a missing one with ``NotImplementedError`` on the call (the client cannot know beforehand).
 Not available remotely: ``counterfactual_probes`` and ``turn_diagnostics`` (the defaults: none).
 
@@ -38,6 +38,7 @@ session's shape and at most 16 megapixels, checked before it is decoded.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -45,15 +46,13 @@ import time
 from typing import Any, ClassVar, Sequence
 
 import gymnasium as gym
-import httpx
 import numpy as np
 
 from envs.serve import MAX_IMAGE_PIXELS, PROTOCOL, decode_image, decode_observation
 from envs.spaces import AnyText
-from envs.wire import ACCEPT_ENCODING, AnswerError, clip, deadline, deadline_client, loads_json, read_capped
+from envs.wire import AnswerError, Broken, KeepAlive, TooLate, Unreachable, clip, loads_json
 
 URL_ENV_VAR = "FRESHPER_ENV_URL"
-_HEADERS = {"Accept-Encoding": ACCEPT_ENCODING}
 #: What a session id may look like (it goes into the request path).
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -91,10 +90,11 @@ class RemoteEnv(gym.Env):
         self.timeout = float(client_timeout)
         self.task_kwargs = dict(task_kwargs)
         self.image_shape: tuple[int, ...] | None = None
-        self._client = deadline_client(base_url=self.url, timeout=httpx.Timeout(client_timeout, connect=10.0))
+        self._conn = KeepAlive(self.url, connect_timeout=min(10.0, self.timeout))
         self._session: str | None = None
         self._obs: dict[str, Any] | None = None
         self._pending: tuple[str, dict[str, Any]] | None = None  # (reply, answer) from a batched turn
+        self._pending_reset: tuple[int | None, Any] | None = None  # (seed, answer) from a batched reset
         self._closed = False
         self._open()
 
@@ -108,36 +108,29 @@ class RemoteEnv(gym.Env):
         a JSON object. Anything else is a :class:`RemoteEnvError` saying why."""
         delay = 0.2
         where = f"{method} {self.url}{path}"
+        data = None if body is None else json.dumps(body).encode("utf-8")
         for attempt in range(self.retries + 1):
             try:
-                with deadline(self.timeout), self._client.stream(method, path, json=body, headers=_HEADERS) as resp:
-                    status = resp.status_code
-                    length = resp.headers.get("content-length", "")
-                    if length.isdigit() and int(length) > self.max_response_bytes:
-                        raise RemoteEnvError(f"{where}: the answer is {int(length)} bytes, above "
-                                             f"max_response_bytes={self.max_response_bytes}")
-                    raw = read_capped(resp.iter_raw(), resp.headers.get("content-encoding"), self.max_response_bytes,
-                                      "the answer")
+                status, raw = self._conn.request(method, path, data, timeout=self.timeout, cap=self.max_response_bytes)
             except AnswerError as exc:
                 raise RemoteEnvError(f"{where}: {exc} (max_response_bytes={self.max_response_bytes})") from None
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            except Unreachable as exc:
                 if attempt == self.retries:
-                    raise RemoteEnvError(f"cannot reach the task server at {self.url} ({type(exc).__name__}: "
-                                         f"{clip(str(exc))}); is `python -m envs.serve` running there?") from None
+                    raise RemoteEnvError(f"cannot reach the task server at {self.url} ({clip(str(exc))}); is "
+                                         "`python -m envs.serve` running there?") from None
                 time.sleep(delay)
                 delay *= 2
                 continue
-            except httpx.TimeoutException as exc:
+            except TooLate:
                 if not retry_sent or attempt == self.retries:
-                    raise RemoteEnvError(f"{where}: no complete answer within client_timeout={self.timeout:g} s "
-                                         f"({type(exc).__name__})") from None
+                    raise RemoteEnvError(f"{where}: no complete answer within client_timeout={self.timeout:g} s") \
+                        from None
                 time.sleep(delay)
                 delay *= 2
                 continue
-            except httpx.HTTPError as exc:  # dropped, reset or garbled mid-answer
+            except Broken as exc:  # dropped, reset or garbled mid-answer
                 if not retry_sent or attempt == self.retries:
-                    raise RemoteEnvError(f"{where}: the connection failed ({type(exc).__name__}: "
-                                         f"{clip(str(exc))})") from None
+                    raise RemoteEnvError(f"{where}: the connection failed ({clip(str(exc))})") from None
                 time.sleep(delay)
                 delay *= 2
                 continue
@@ -227,14 +220,19 @@ class RemoteEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         self._pending = None
+        pending, self._pending_reset = self._pending_reset, None
         body = {"seed": seed, "options": options}
-        try:
-            answer = self._request("POST", self._session_path("reset"), body, retry_sent=True)
-        except RemoteEnvError as exc:
-            if exc.status != 404:
-                raise
-            self._open()  # reaped while idle: a fresh session, then the same reset
-            answer = self._request("POST", self._session_path("reset"), body, retry_sent=True)
+        if pending is not None and pending[0] == seed and options is None and isinstance(pending[1], dict) \
+                and "error" not in pending[1]:
+            answer = pending[1]  # answered by the batch (an error there: asked again below)
+        else:
+            try:
+                answer = self._request("POST", self._session_path("reset"), body, retry_sent=True)
+            except RemoteEnvError as exc:
+                if exc.status != 404:
+                    raise
+                self._open()  # reaped while idle: a fresh session, then the same reset
+                answer = self._request("POST", self._session_path("reset"), body, retry_sent=True)
         try:
             obs = self._observation(answer.get("observation"))
             info = answer.get("info", {})
@@ -294,22 +292,40 @@ class RemoteEnv(gym.Env):
     def before_batch_step(cls, envs: Sequence["RemoteEnv"], replies: Sequence[str]) -> None:
         """Send a turn's steps to each server as one ``/batch`` request; each env's ``step``
         then returns its answer (a step with another reply asks the server itself)."""
-        by_url: dict[str, list[tuple[RemoteEnv, str]]] = {}
-        for env, reply in zip(envs, replies):
-            if not env._closed:
-                by_url.setdefault(env.url, []).append((env, reply if isinstance(reply, str) else ""))
+        answers = cls._batch(envs, [reply if isinstance(reply, str) else "" for reply in replies], "step", "action")
+        for env, reply, answer in answers:
+            env._pending = (reply, answer)
+
+    @classmethod
+    def before_batch_reset(cls, envs: Sequence["RemoteEnv"], seeds: Sequence[int | None]) -> None:
+        """Send the resets of many envs to each server as one ``/batch`` request; each env's
+        ``reset(seed=...)`` then returns its answer (another seed, options, or an error in the
+        batch: it asks the server itself)."""
+        seeds = [None if seed is None else int(seed) for seed in seeds]
+        for env, seed, answer in cls._batch(envs, seeds, "reset", "seed"):
+            env._pending_reset = (seed, answer)
+
+    @staticmethod
+    def _batch(envs: Sequence["RemoteEnv"], values: list[Any], op: str, key: str) -> list[tuple["RemoteEnv", Any, Any]]:
+        """``(env, value, answer)`` of one ``/batch`` request of ``op`` per server with at least
+        two of these envs; envs of a server whose batch failed are left out (each asks alone)."""
+        by_url: dict[str, list[tuple[RemoteEnv, Any]]] = {}
+        for env, value in zip(envs, values):
+            if not env._closed and env._session is not None:
+                by_url.setdefault(env.url, []).append((env, value))
+        out = []
         for members in by_url.values():
             if len(members) < 2:
                 continue
-            calls = [{"session": env._session, "op": "step", "action": reply} for env, reply in members]
+            calls = [{"session": env._session, "op": op, key: value} for env, value in members]
             try:
                 results = members[0][0]._request("POST", "/batch", {"calls": calls}).get("results")
             except RemoteEnvError:
-                continue  # each env asks on its own in step(), and reports its own fault
+                continue  # each env asks on its own, and reports its own fault
             if not isinstance(results, list) or len(results) != len(members):
                 continue  # a malformed batch answer: each env asks on its own
-            for (env, reply), answer in zip(members, results):
-                env._pending = (reply, answer)
+            out.extend((env, value, answer) for (env, value), answer in zip(members, results))
+        return out
 
     def render(self) -> str | np.ndarray | None:
         if self.render_mode == "ansi":
@@ -323,13 +339,12 @@ class RemoteEnv(gym.Env):
             return
         self._closed = True
         try:
-            if self._session is not None:  # the answer is not read: closing the stream drops it
-                with deadline(5.0), self._client.stream("DELETE", f"/sessions/{self._session}", timeout=5.0):
-                    pass
-        except httpx.HTTPError:
+            if self._session is not None:
+                self._conn.request("DELETE", f"/sessions/{self._session}", timeout=5.0, cap=1 << 16)
+        except (OSError, AnswerError):
             pass  # the server reaps it when idle
         finally:
-            self._client.close()
+            self._conn.close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
         try:
@@ -408,14 +423,14 @@ def server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET /info`` of a task server: its task id, modality, kwargs and limits (the answer
     read within ``timeout`` and 1 MB; :class:`RemoteEnvError` otherwise)."""
     where = url.rstrip("/") + "/info"
+    conn = KeepAlive(url.rstrip("/"), connect_timeout=timeout)
     try:
-        with deadline_client(timeout=timeout) as client, deadline(timeout), \
-                client.stream("GET", where, headers=_HEADERS) as resp:
-            raw = read_capped(resp.iter_raw(), resp.headers.get("content-encoding"), 1 << 20, "the answer")
-            status = resp.status_code
+        status, raw = conn.request("GET", "/info", timeout=timeout, cap=1 << 20)
         info = loads_json(raw, what="the answer")
-    except (httpx.HTTPError, AnswerError) as exc:
+    except (OSError, AnswerError) as exc:
         raise RemoteEnvError(f"GET {where}: {type(exc).__name__}: {clip(str(exc))}") from None
+    finally:
+        conn.close()
     if status != 200 or not isinstance(info, dict):
         raise RemoteEnvError(f"GET {where}: {status} {clip(info)}", status)
     if info.get("protocol") != PROTOCOL:

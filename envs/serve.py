@@ -1,4 +1,4 @@
-"""A registered task as a network service: one env per session, over HTTP/1.1 and JSON.
+"""A registered task as a network service: one env per session, over HTTP/1.1 and JSON, on uvicorn.
 
     python -m envs.serve freshper/FrozenLake-v0 --port 8000 [--host 127.0.0.1] [--max-sessions 64]
         [--idle-timeout 300] [--max-message-bytes 8388608] [--request-timeout 30] [--max-connections 256]
@@ -8,8 +8,10 @@
 The client is :class:`envs.remote.RemoteEnv`, itself a ``gymnasium.Env``:
 ``gym.make("freshper/Remote-v0", url="http://127.0.0.1:8000")`` (``freshper/RemoteVision-v0``
 for a vision task), so the runner, ``train.py`` and Ray workers play a served task as if it
-were local. Only the standard library is used here: serving needs no package beyond the
-task's own.
+were local. The server is uvicorn (httptools' parser, uvloop where installed; keep-alive
+connections) under the shared lifecycle and connection limits of :mod:`envs.asgi`; a request's
+work (decoding its body, the task's step, encoding the answer) runs in a pool of threads, never
+on the event loop.
 
 The protocol (``freshper-env/1``; every body is a JSON object, every answer too):
 
@@ -44,10 +46,10 @@ Limits, each refused with a 4xx/5xx and ``{"error": "..."}`` saying what to do: 
 ``max_sessions`` open sessions (503; idle sessions are closed after ``idle_timeout`` seconds
 without a request, and a request to a closed one is a 404), request bodies up to
 ``max_message_bytes`` (413), a request not in within ``request_timeout`` from its first byte
-(headers and body together, however it is paced) gets a 408, at most ``max_connections``
-connections (a thread each: the longest-idle one is closed for a new one, a 503 when every one
-is busy), JSON nested too deeply
-or of the wrong shape a 400, a batch of more than ``max_sessions`` calls a 400. A task error
+(headers and body together, however it is paced) gets a 408, request line and headers beyond
+64 KiB a 431, at most ``max_connections`` connections (the longest-idle one is closed for a new
+one, a 503 when every one is busy), JSON nested too deeply or of the wrong shape a 400, a batch
+of more than ``max_sessions`` calls a 400. A task error
 while building, resetting or stepping is a 400 (bad kwargs) or 500 with the exception's text;
 the server keeps serving. SIGTERM and SIGINT stop it cleanly.
 
@@ -65,24 +67,24 @@ worker process, so nothing an answer or a client controls is computed in the ser
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
-import contextlib
 import io
 import json
 import logging
 import math
-import signal
-import socket
 import struct
 import sys
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
+
+from envs.asgi import HTTPServer, serve_until_signal
+from envs.asgi import Limits as HTTPLimits
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +121,8 @@ class Limits:
     #: Seconds a request may take to arrive, from its first byte to its last (a 408 past
     #: them), and that a connection may stay idle between requests.
     request_timeout: float = 30.0
-    #: Open connections at most (each holds a thread); past it the longest-idle connection is
-    #: closed for a new one, or the new one is answered 503 when none is idle.
+    #: Open connections at most; past it the longest-idle connection is closed for a new one,
+    #: or the new one is answered 503 when none is idle.
     max_connections: int = 256
 
     def __post_init__(self) -> None:
@@ -223,6 +225,13 @@ def decode_observation(payload: Any, *, shape: Any = None, max_pixels: int = MAX
 def jsonable(value: Any) -> Any:
     """``value`` as plain JSON types: numpy scalars and arrays become numbers and lists, tuples
     lists, non-finite floats strings; anything else unknown its ``repr``."""
+    kind = type(value)  # the plain types first, by identity (most of every answer)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v) for v in value]
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
@@ -496,152 +505,124 @@ class TaskService:
 
 
 # -- HTTP ------------------------------------------------------------------------------------------
-class _RequestIO(socket.SocketIO):
-    """The connection's reads, each waiting at most what is left of the request's deadline
-    (``handler.deadline``), so a request trickled a byte at a time cannot outlast it."""
-
-    def __init__(self, sock: socket.socket, handler: "_Handler") -> None:
-        super().__init__(sock, "rb")
-        self._handler = handler
-
-    def readinto(self, b: Any) -> int | None:
-        handler = self._handler
-        if handler.deadline is None:
-            return super().readinto(b)
-        left = handler.deadline - time.monotonic()
-        if left <= 0:
-            handler.expired = True
-            raise TimeoutError("the request's deadline passed")
-        self._sock.settimeout(min(left, handler.timeout))
-        try:
-            return super().readinto(b)
-        except TimeoutError:
-            handler.expired = True
-            raise
-        finally:
-            if self._sock.fileno() >= 0:
-                self._sock.settimeout(handler.timeout)
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or a 400 saying why not."""
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ServeError(400, f"the body is not valid UTF-8 JSON: {err}") from None
+    except RecursionError:
+        raise ServeError(400, "the body's JSON is nested too deeply") from None
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise ServeError(400, _clip(f"the body's JSON cannot be read: {err}", 300)) from None
+    if not isinstance(body, dict):
+        raise ServeError(400, "the body must be a JSON object")
+    return body
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "TaskServer"
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # else keep-alive replies wait ~40 ms on delayed ACKs
+def _encode(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
-    def setup(self) -> None:
-        self.timeout = self.server.service.limits.request_timeout
-        self.deadline: float | None = None
-        self.expired = self.answered = False
-        super().setup()
-        self.rfile.close()
-        self.rfile = io.BufferedReader(_RequestIO(self.connection, self))
 
-    def handle_one_request(self) -> None:
-        """Wait (idle, at most ``request_timeout``) for a request's first byte, then read and
-        answer the request with ``request_timeout`` for the whole of it, headers included; a
-        request not in by then gets a 408 and the connection is closed."""
-        self.deadline, self.expired, self.answered = None, False, False
-        server = self.server
-        server.idle(self, True)
-        try:
-            first = self.rfile.peek(1)
-        except OSError:  # idle past request_timeout, reset, or closed for a new connection
-            first = b""
-        finally:
-            server.idle(self, False)
-        if not first:
-            self.close_connection = True
+class TaskApp:
+    """The ASGI app of one :class:`TaskService`. A request's body is read on the event loop
+    (the connection's deadline and the size cap hold while it arrives); decoding it, the task's
+    work and encoding the answer run in a pool of threads, so a slow step (an answer scored in
+    the task's worker process, a level generated) never holds up another request."""
+
+    def __init__(self, service: TaskService) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.service = service
+        limits = service.limits
+        self.pool = ThreadPoolExecutor(max_workers=max(4, min(limits.max_sessions, limits.max_connections)) + 2,
+                                       thread_name_prefix="envs.serve")
+        self.stopping = False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
             return
-        self.deadline = time.monotonic() + self.timeout
-        super().handle_one_request()
-        if self.expired and not self.answered:  # the request line or headers did not arrive in time
-            self.close_connection = True
-            data = json.dumps({"error": f"the request did not arrive within {self.timeout:g} s"}).encode()
-            with contextlib.suppress(OSError):
-                self.connection.settimeout(1.0)
-                self.wfile.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(data), data))
-                self.wfile.flush()
-
-    def send_response_only(self, code: int, message: str | None = None) -> None:
-        self.answered = True
-        super().send_response_only(code, message)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        logger.debug("%s - %s", self.address_string(), format % args)
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        self.deadline = None  # the answer is written under the per-write timeout alone
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status == 503:
-            self.send_header("Retry-After", "1")
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> dict[str, Any]:
-        limit = self.server.service.limits.max_message_bytes
-        header = self.headers.get("Content-Length")
-        if header is None:
-            if self.command == "DELETE" or self.headers.get("Transfer-Encoding") is None:
-                return {}
-            self.close_connection = True
-            raise ServeError(411, "a Content-Length header is required (chunked bodies are not accepted)")
+        method, path = scope["method"], scope["path"]
+        close = False
         try:
-            length = int(header)
+            if self.stopping:
+                close = True
+                raise ServeError(503, "the server is shutting down")
+            raw = b""
+            if method in ("POST", "DELETE"):
+                got = await self._read(scope, receive)
+                if got is None:  # the client left, or its request did not arrive in time (answered 408)
+                    return
+                raw, close = got
+            if method == "GET" and path == "/health":
+                status, data = 200, _encode({"status": "ok", "task": self.service.env_id,
+                                             "sessions": self.service.open_sessions,
+                                             "max_sessions": self.service.limits.max_sessions})
+            else:
+                loop = asyncio.get_running_loop()
+                status, data = await loop.run_in_executor(self.pool, self.answer, method, path, raw)
+        except ServeError as err:
+            status, data = err.status, _encode({"error": str(err)})
+            close = close or isinstance(err, _Closing)
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+        if status == 503:
+            headers.append((b"retry-after", b"1"))
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _read(self, scope: dict[str, Any], receive: Any) -> tuple[bytes, bool] | None:
+        """``(body, close the connection after answering)``; ``None`` if the client is gone."""
+        limit = self.service.limits.max_message_bytes
+        length_header = chunked = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length_header = value
+            elif name == b"transfer-encoding":
+                chunked = value
+        if length_header is None:
+            if scope["method"] == "DELETE" or chunked is None:
+                return b"", False
+            raise _Closing(411, "a Content-Length header is required (chunked bodies are not accepted)")
+        try:
+            length = int(length_header)
             if length < 0:
                 raise ValueError
         except ValueError:
-            self.close_connection = True
-            raise ServeError(400, f"invalid Content-Length {_clip(repr(header))}") from None
-        try:
-            if length > limit:
-                self.close_connection = True
-                remaining = length if length <= 4 * limit else 0  # read a modest excess away, so the client sees the 413
-                while remaining > 0:
-                    chunk = self.rfile.read(min(remaining, 1 << 16))
-                    if not chunk:
+            raise _Closing(400, f"invalid Content-Length {_clip(repr(length_header))}") from None
+        if length > limit:
+            if length <= 4 * limit:  # read a modest excess away, so the client sees the 413
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return None
+                    if not message.get("more_body"):
                         break
-                    remaining -= len(chunk)
-                raise ServeError(413, f"message of {length} bytes exceeds the server's limit of {limit} bytes "
-                                      "(--max-message-bytes)")
-            raw = self.rfile.read(length)
-        except (socket.timeout, TimeoutError):
-            self.close_connection = True
-            raise ServeError(408, f"the request did not arrive within {self.timeout:g} s") from None
-        if len(raw) < length:
-            self.close_connection = True
-            raise ServeError(400, f"the body ended after {len(raw)} of {length} bytes")
-        if not raw:
-            return {}
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ServeError(400, f"the body is not valid UTF-8 JSON: {err}") from None
-        except RecursionError:
-            raise ServeError(400, "the body's JSON is nested too deeply") from None
-        except ValueError as err:  # e.g. an integer of thousands of digits
-            raise ServeError(400, _clip(f"the body's JSON cannot be read: {err}", 300)) from None
-        if not isinstance(body, dict):
-            raise ServeError(400, "the body must be a JSON object")
-        return body
+            raise _Closing(413, f"message of {length} bytes exceeds the server's limit of {limit} bytes "
+                                "(--max-message-bytes)")
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # not past the announced length: the parser holds a body to it
+                raise _Closing(413, f"message exceeds the server's limit of {limit} bytes (--max-message-bytes)")
+            parts.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(parts), False
 
-    def _route(self, method: str) -> None:
-        service = self.server.service
+    def answer(self, method: str, path: str, raw: bytes) -> tuple[int, bytes]:
+        """``(status, JSON answer)`` of one request whose body has arrived (in a pool thread)."""
+        service = self.service
         try:
-            if self.server.stopping:
-                self.close_connection = True
-                raise ServeError(503, "the server is shutting down")
-            parts = [p for p in self.path.split("?")[0].split("/") if p]
-            body = self._body() if method in ("POST", "DELETE") else {}
-            if method == "GET" and parts == ["health"]:
-                out = {"status": "ok", "task": service.env_id, "sessions": service.open_sessions,
-                       "max_sessions": service.limits.max_sessions}
-            elif method == "GET" and parts == ["info"]:
+            body = _parse_body(raw)
+            parts = [p for p in path.split("/") if p]
+            if method == "GET" and parts == ["info"]:
                 out = service.info()
             elif method == "POST" and parts == ["sessions"]:
                 out = service.open(body)
@@ -652,41 +633,32 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "DELETE" and len(parts) == 2 and parts[0] == "sessions":
                 out = service.close(parts[1])
             else:
-                raise ServeError(404, f"unknown endpoint {method} {_clip(repr(self.path))}; see `python -m envs.serve --help`")
+                raise ServeError(404, f"unknown endpoint {_clip(method, 10)} {_clip(repr(path))}; see "
+                                      "`python -m envs.serve --help`")
+            return 200, _encode(out)
         except ServeError as err:
-            self._send(err.status, {"error": str(err)})
-            return
+            return err.status, _encode({"error": str(err)})
         except Exception as err:  # a task's bug must not kill the server; the client sees a 500
             logger.exception("request failed")
-            self._send(500, {"error": _clip(f"internal error: {type(err).__name__}: {err}", 500)})
-            return
-        self._send(200, out)
-
-    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
-        self._route("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._route("POST")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._route("DELETE")
+            return 500, _encode({"error": _clip(f"internal error: {type(err).__name__}: {err}", 500)})
 
 
-class TaskServer(ThreadingHTTPServer):
-    """A threading HTTP server for one task, with a reaper thread closing idle sessions."""
+class _Closing(ServeError):
+    """A refusal after which the connection is closed (the rest of the request is not read)."""
 
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 256
+
+class TaskServer(HTTPServer):
+    """The task server: :class:`TaskApp` on the shared uvicorn lifecycle (:mod:`envs.asgi`), with a
+    reaper thread closing idle sessions."""
 
     def __init__(self, address: tuple[str, int], service: TaskService) -> None:
         self.service = service
-        super().__init__(address, _Handler)
+        self.app = TaskApp(service)
+        limits = service.limits
+        super().__init__(self.app, address[0], address[1], on_close=self._close_sessions,
+                         limits=HTTPLimits(request_timeout=limits.request_timeout,
+                                           max_connections=limits.max_connections))
         self._stop = threading.Event()
-        self._connections = 0
-        self._idle: dict[_Handler, None] = {}  # handlers waiting for a request, longest idle first
-        self._conn_lock = threading.Lock()
-        self.refused = self.evicted = 0
         self._reaper = threading.Thread(target=self._reap_loop, name="envs.serve-reaper", daemon=True)
         self._reaper.start()
 
@@ -698,88 +670,24 @@ class TaskServer(ThreadingHTTPServer):
             except Exception:
                 logger.exception("reaping idle sessions failed")
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.app.stopping = True  # requests on open connections are answered 503 from now on
+        super().shutdown(timeout)
 
-    # connections: at most ``max_connections``, each served by a thread
-    def idle(self, handler: _Handler, waiting: bool) -> None:
-        with self._conn_lock:
-            if waiting:
-                self._idle[handler] = None
-            else:
-                self._idle.pop(handler, None)
-
-    @property
-    def connections(self) -> int:
-        with self._conn_lock:
-            return self._connections
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        victim = None
-        with self._conn_lock:
-            if self._connections >= self.service.limits.max_connections:
-                if not self._idle:
-                    self.refused += 1
-                    victim = False
-                else:  # close the longest-idle connection for this one
-                    victim = next(iter(self._idle))
-                    del self._idle[victim]
-                    self.evicted += 1
-            if victim is not False:
-                self._connections += 1
-        if victim is False:
-            self._refuse(request)
-            return
-        if victim is not None:
-            with contextlib.suppress(OSError):
-                victim.connection.shutdown(socket.SHUT_RDWR)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            with self._conn_lock:
-                self._connections -= 1
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._conn_lock:
-                self._connections -= 1
-
-    def _refuse(self, request: Any) -> None:
-        """A 503 for a connection over the limit while every other one is busy, then closed."""
-        data = json.dumps({"error": f"the server holds its limit of {self.service.limits.max_connections} "
-                                    "connections, all busy; retry shortly"}).encode()
-        with contextlib.suppress(OSError):
-            request.settimeout(0.5)
-            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                            b"Retry-After: 1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                            % (len(data), data))
-        self.shutdown_request(request)
-
-    def shutdown(self) -> None:
-        self._stop.set()  # open keep-alive connections are answered 503 and closed from now on
-        super().shutdown()
-
-    def server_close(self) -> None:
+    def _close_sessions(self) -> None:
+        self.app.stopping = True
         self._stop.set()
-        super().server_close()
+        self.app.pool.shutdown(wait=False, cancel_futures=True)
         self.service.close_all()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
 
 
 def make_server(env_id: str, host: str = "127.0.0.1", port: int = 0, *, kwargs: dict[str, Any] | None = None,
                 limits: Limits | None = None, client_kwargs: str = "declared", allow_client_kwargs: bool = False,
                 lock_kwargs: bool = False) -> TaskServer:
     """A server for ``env_id`` bound to ``host:port`` (0: a free port), not yet serving:
-    call ``serve_forever()`` (e.g. in a thread) and ``shutdown()`` / ``server_close()``.
-    ``client_kwargs``, ``allow_client_kwargs``, ``lock_kwargs``: :class:`TaskService`'s."""
+    ``start()`` (in a thread of its own) or ``serve_forever()``, then ``shutdown()`` and
+    ``server_close()`` (:class:`envs.asgi.HTTPServer`). ``client_kwargs``,
+    ``allow_client_kwargs``, ``lock_kwargs``: :class:`TaskService`'s."""
     return TaskServer((host, port), TaskService(env_id, kwargs, limits, client_kwargs=client_kwargs,
                                                 allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs))
 
@@ -789,20 +697,9 @@ def serve(env_id: str, host: str, port: int, *, kwargs: dict[str, Any] | None = 
     """Serve until SIGTERM/SIGINT, then close every session and exit."""
     server = make_server(env_id, host, port, kwargs=kwargs, limits=limits, client_kwargs=client_kwargs,
                          allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs)
-
-    def stop(signum: int, _frame: Any) -> None:
-        logger.info("signal %d: shutting down", signum)
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    print(f"serving {env_id} ({PROTOCOL}) at {server.url}: gym.make('freshper/Remote{'Vision' if server.service.spec.modality == 'vision' else ''}-v0', "
-          f"url='{server.url}')", flush=True)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-        logger.info("server stopped")
+    vision = "Vision" if server.service.spec.modality == "vision" else ""
+    serve_until_signal(server, f"serving {env_id} ({PROTOCOL}) at {server.url}: "
+                               f"gym.make('freshper/Remote{vision}-v0', url='{server.url}')")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -818,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=Limits.request_timeout,
                         help="seconds a request may take to arrive, headers and body together (408 past them)")
     parser.add_argument("--max-connections", type=int, default=Limits.max_connections,
-                        help="open connections at most (a thread each); the longest-idle one is closed for a new "
+                        help="open connections at most; the longest-idle one is closed for a new "
                              "one, or the new one answered 503 when every one is busy")
     parser.add_argument("--kw", nargs="*", default=[], metavar="KEY=VALUE", help="task keyword arguments")
     who = parser.add_mutually_exclusive_group()

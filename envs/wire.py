@@ -12,6 +12,8 @@ Used by the task server's client (:mod:`envs.remote`) and the endpoint evaluator
 - :func:`loads_json` refuses JSON nested deeper than ``max_depth``, non-standard constants
   (``NaN``, ``Infinity``), numbers that overflow a float (``1e400``) and integers of thousands
   of digits.
+- :class:`KeepAlive` is one persistent connection (``http.client`` parsing the answers) whose
+  requests each end within a deadline, answers read through :class:`CappedBody`.
 - :func:`deadline_client` is an ``httpx.Client`` whose requests run under
   :func:`deadline`: every connect, write and read waits at most what is left of one deadline
   for the whole request, so a server trickling a byte a second cannot hold a request past it
@@ -21,8 +23,10 @@ Used by the task server's client (:mod:`envs.remote`) and the endpoint evaluator
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
+import socket
 import threading
 import time
 import zlib
@@ -128,15 +132,20 @@ _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite
 
 
 def check_depth(value: Any, max_depth: int = MAX_DEPTH, what: str = "the answer") -> Any:
-    """``value`` if its lists and objects nest at most ``max_depth`` deep (checked without
-    recursion), else :class:`AnswerError`."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
+    """``value`` (lists and dicts as JSON decodes them) if they nest at most ``max_depth``
+    deep, checked a level at a time without recursion; else :class:`AnswerError`."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > max_depth:
             raise AnswerError(f"{what} nests deeper than {max_depth} levels")
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        deeper = []
+        for item in level:
+            for child in (item.values() if type(item) is dict else item):
+                if type(child) is dict or type(child) is list:
+                    deeper.append(child)
+        level = deeper
     return value
 
 
@@ -244,3 +253,160 @@ def deadline_client(**kwargs: Any) -> Any:
                            "install httpx>=0.25 with httpcore>=1.0")
     pool._network_backend = _backend()
     return httpx.Client(transport=transport, **kwargs)
+
+
+# -- one keep-alive connection under a deadline (http.client) -----------------------------------
+class Unreachable(ConnectionError):
+    """The server could not be connected to (refused, no route, the name unknown, connect timeout)."""
+
+
+class TooLate(TimeoutError):
+    """The request, its whole answer included, did not end within its deadline."""
+
+
+class Broken(ConnectionError):
+    """The connection failed mid-request (dropped, reset, or a garbled answer)."""
+
+
+class _DeadlineIO(io.RawIOBase):
+    """A socket's reads, each waiting at most what is left until ``end`` (monotonic seconds)."""
+
+    def __init__(self, sock: socket.socket, end: float) -> None:
+        super().__init__()
+        self._sock, self.end = sock, end
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TooLate("the request's deadline passed")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(b)
+        except (socket.timeout, TimeoutError):
+            raise TooLate("the request's deadline passed") from None
+
+
+class _Source:
+    """What ``http.client.HTTPResponse`` reads from: a socket's reads under a deadline."""
+
+    def __init__(self, sock: socket.socket, end: float) -> None:
+        self._io = _DeadlineIO(sock, end)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(self._io, 1 << 16)
+
+
+class KeepAlive:
+    """One persistent HTTP/1.1 connection to an ``http://host:port`` (or ``https://``) server, opened on first use
+    and again whenever the server has closed it. :meth:`request` sends a request and reads its
+    whole answer within ``timeout`` seconds however the server paces it (connect, write and every
+    read wait at most what is left), decoding the body as it arrives and refusing it past ``cap``
+    bytes. Faults are :class:`Unreachable`, :class:`TooLate`, :class:`Broken` or an
+    :class:`AnswerError`; after any of them the connection is dropped. One request at a time
+    (a lock); ``close()`` from any thread."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 10.0) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the url must be http://host:port or https://host:port, got {clip(url, 100)!r}")
+        self.tls = parts.scheme == "https"
+        default = 443 if self.tls else 80
+        self.host, self.port = parts.hostname, parts.port or default
+        self.prefix = parts.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = (host if self.port == default else f"{host}:{self.port}").encode("ascii", "replace")
+        self.connect_timeout = float(connect_timeout)
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def _connect(self, end: float) -> socket.socket:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TooLate("the request's deadline passed")
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=min(left, self.connect_timeout))
+        except (socket.timeout, TimeoutError) as exc:
+            raise Unreachable(f"connecting timed out ({exc})") from None
+        except OSError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls:
+            import ssl
+
+            try:
+                sock.settimeout(max(0.001, end - time.monotonic()))
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            except (OSError, ssl.SSLError) as exc:
+                sock.close()
+                raise Unreachable(f"the TLS handshake failed ({type(exc).__name__}: {clip(str(exc))})") from None
+        return sock
+
+    def _drop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def close(self) -> None:
+        self._drop()
+
+    def request(self, method: str, path: str, body: bytes | None = None, *, timeout: float, cap: int,
+                content_type: str = "application/json") -> tuple[int, bytes]:
+        """``(status, decoded body)`` of one request (``path`` below the url's)."""
+        import http.client
+        import select
+
+        end = time.monotonic() + float(timeout)
+        head = [b"%s %s HTTP/1.1\r\nHost: %s\r\nAccept-Encoding: %s\r\n"
+                % (method.encode("ascii"), (self.prefix + path).encode("utf-8"), self._host_header,
+                   ACCEPT_ENCODING.encode("ascii"))]
+        if body is not None:
+            head.append(b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type.encode("ascii"), len(body)))
+        head.append(b"\r\n")
+        data = b"".join(head) + (body or b"")
+        with self._lock:
+            sock = self._sock
+            if sock is not None and select.select([sock], [], [], 0)[0]:
+                self._drop()  # closed by the server while idle (or it sent what was not asked for)
+                sock = None
+            if sock is None:
+                sock = self._sock = self._connect(end)
+            try:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TooLate("the request's deadline passed")
+                sock.settimeout(left)
+                try:
+                    sock.sendall(data)
+                except (socket.timeout, TimeoutError):
+                    raise TooLate("the request's deadline passed") from None
+                resp = http.client.HTTPResponse(_Source(sock, end), method=method)  # type: ignore[arg-type]
+                resp.begin()
+                length = resp.getheader("content-length", "")
+                if length.isdigit() and int(length) > cap:
+                    raise AnswerError(f"the answer is {int(length)} bytes, above the limit of {cap} bytes")
+                decoded = CappedBody(resp.getheader("content-encoding"), cap, "the answer")
+                while True:
+                    chunk = resp.read1(1 << 16)
+                    if not chunk:
+                        break
+                    decoded.feed(chunk)
+                raw = decoded.finish()
+                status = resp.status
+                if resp.will_close:
+                    self._drop()
+                return status, raw
+            except (AnswerError, TooLate):
+                self._drop()
+                raise
+            except (http.client.HTTPException, OSError) as exc:
+                self._drop()
+                raise Broken(f"{type(exc).__name__}: {clip(str(exc))}") from None
+            except BaseException:
+                self._drop()
+                raise

@@ -98,6 +98,40 @@ def test_task_kwargs_go_to_the_served_task_and_bad_ones_are_clear(lake) -> None:
             gym.make("freshper/Remote-v0", url=open_server.url, no_such_kwarg=1)
 
 
+def test_batched_resets_and_steps_answer_as_one_request_each_and_as_in_process(lake) -> None:
+    """``before_batch_reset`` and ``before_batch_step`` send a turn's resets and steps as one
+    ``/batch`` request each; every env then reads the same answer it would have asked for alone,
+    and a reset with a seed the batch did not carry asks the server itself."""
+    from envs.remote import RemoteEnv
+
+    service = lake.server.service
+    remotes = [gym.make("freshper/Remote-v0", url=lake.url).unwrapped for _ in range(3)]
+    locals_ = [gym.make(LAKE).unwrapped for _ in range(3)]
+    counts = {"batch": 0, "run": 0}
+    batch, run = service.batch, service.run
+    service.batch = lambda body: counts.__setitem__("batch", counts["batch"] + 1) or batch(body)
+    service.run = lambda *a: counts.__setitem__("run", counts["run"] + 1) or run(*a)
+    try:
+        RemoteEnv.before_batch_reset(remotes, [11, 12, 13])
+        assert counts == {"batch": 1, "run": 3}
+        for k, (remote, local) in enumerate(zip(remotes, locals_)):
+            assert remote.reset(seed=11 + k)[0]["text"] == local.reset(seed=11 + k)[0]["text"]
+        assert counts == {"batch": 1, "run": 3}  # the resets were read from the batch
+        replies = ["<answer>Down</answer>", "<answer>Right</answer>", "nonsense"]
+        RemoteEnv.before_batch_step(remotes, replies)
+        for remote, local, reply in zip(remotes, locals_, replies):
+            r, l = remote.step(reply), local.step(reply)
+            assert r[0]["text"] == l[0]["text"] and r[1:] == l[1:]
+        assert counts == {"batch": 2, "run": 6}
+        RemoteEnv.before_batch_reset(remotes, [1, 2, 3])
+        assert remotes[0].reset(seed=5)[0]["text"] == locals_[0].reset(seed=5)[0]["text"]  # not the batch's seed
+        assert counts == {"batch": 3, "run": 10}
+    finally:
+        service.batch, service.run = batch, run
+        for env in remotes + locals_:
+            env.close()
+
+
 # -- what a client controls ------------------------------------------------------------------------
 COUNTDOWN = "freshper/Countdown-v0"
 

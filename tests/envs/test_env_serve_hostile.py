@@ -207,3 +207,33 @@ def test_three_sessions_scoring_answers_that_never_finish_do_not_hold_up_an_hone
         assert took < 3.0, f"the honest answer took {took:.1f} s"
         for env in clients:
             env.close()
+
+
+def test_headers_past_64_kib_get_a_431_and_an_idle_connection_is_closed_at_the_request_timeout() -> None:
+    with Served(limits=Limits(request_timeout=0.5)) as served:
+        address = served.server.server_address[:2]
+        with socket.create_connection(address) as sock:  # headers sent at once, past the cap
+            sock.settimeout(5)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * (70 << 10) + b"\r\n")
+            got = sock.recv(4096)
+            assert b" 431 " in got.split(b"\r\n")[0] and b"exceed 65536 bytes" in got, got[:300]
+        with socket.create_connection(address) as sock:  # connected, then nothing: closed, no answer
+            sock.settimeout(5)
+            t0 = time.monotonic()
+            assert sock.recv(4096) == b"" and time.monotonic() - t0 < 2.0
+        assert httpx.get(served.url + "/health").status_code == 200
+
+
+def test_a_client_keeps_one_connection_and_reconnects_when_the_server_closed_it_idle() -> None:
+    with Served(limits=Limits(request_timeout=0.3)) as served:
+        env = gym.make("freshper/Remote-v0", url=served.url)
+        env.reset(seed=0)
+        for _ in range(5):
+            *_, info = env.step("<answer>Left</answer>")
+            assert not info.get("failed"), info
+        assert served.server.connections == 1  # every request on one keep-alive connection
+        time.sleep(0.8)  # idle past request_timeout: the server closes it
+        assert served.server.connections == 0
+        *_, info = env.step("<answer>Left</answer>")  # a fresh connection, not a failed step
+        assert not info.get("failed"), info
+        env.close()
