@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from agents.interactive import ModelPlayer
-    from agents.view.runs import model_folder_problem
+    from agents.runfolder import model_folder_problem
 
     model = args.model or None
     if model:  # a checkpoint is checked against its manifest, as the viewer checks it

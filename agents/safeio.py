@@ -9,8 +9,6 @@ what reads them treats them as untrusted input:
 - :func:`loads_json` and :func:`load_yaml` parse with a bound on nesting depth (deep nesting
   raised ``RecursionError``) and, for YAML, on the number of values after aliases are expanded
   (a 1 KB alias bomb expands to billions) and without cycles; only plain data (``safe_load``);
-- :func:`manifest_entries` checks a checkpoint ``manifest.json``: relative paths inside the
-  folder, whole non-negative sizes (``1e400`` is not a size), hex SHA-256s, at least one file;
 - :func:`open_nofollow` opens a file for writing without following a link (``O_NOFOLLOW``),
   so a planted ``runs/X/.lock -> ~/important`` is refused instead of truncating its target.
 
@@ -23,7 +21,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,6 @@ from typing import Any
 MAX_DEPTH = 64
 #: Values a YAML document may expand to (aliases counted as often as they are used).
 MAX_YAML_VALUES = 100_000
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class UnsafeFileError(ValueError):
@@ -223,45 +219,6 @@ def _check_yaml_graph(root: Any, what: str, max_values: int) -> None:
         on_path.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in children(node) if id(c) not in size)
-
-
-def manifest_entries(manifest: Any, what: str) -> list[tuple[str, int, str]]:
-    """The ``(relative path, size, sha256)`` of every file a checkpoint manifest lists, or
-    :class:`UnsafeFileError` saying what is malformed. A manifest listing no files is refused:
-    it would vouch for nothing."""
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        raise UnsafeFileError(f"{what} is not a checkpoint manifest (no \"files\" object)")
-    files = manifest["files"]
-    if not files:
-        raise UnsafeFileError(f"{what} lists no files: an empty manifest vouches for nothing")
-    out = []
-    for rel, meta in files.items():
-        parts = Path(rel).parts
-        if not rel or "\x00" in rel or Path(rel).is_absolute() or ".." in parts or "\\" in rel:
-            raise UnsafeFileError(f"{what} lists {_clip(repr(rel))}, which is not a path inside the checkpoint")
-        if not isinstance(meta, dict):
-            raise UnsafeFileError(f"{what}: the entry of {_clip(rel)} is not an object")
-        size, sha = meta.get("size"), meta.get("sha256")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise UnsafeFileError(f"{what}: the size of {_clip(rel)} is {_clip(repr(size))}, not a whole number of bytes")
-        if not isinstance(sha, str) or not _SHA256.match(sha):
-            raise UnsafeFileError(f"{what}: the sha256 of {_clip(rel)} is not 64 hex digits")
-        out.append((Path(rel).as_posix(), size, sha))
-    return out
-
-
-def unlisted_files(folder: str | os.PathLike, listed: set[str], skip: tuple[str, ...] = ("manifest.json",)) -> list[str]:
-    """Files (and links) under ``folder`` that a manifest does not list: a manifest is a
-    completeness check, so a file added after it was written (say a pickle beside the
-    safetensors) is found."""
-    folder = Path(folder)
-    extra = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            rel = Path(dirpath, name).relative_to(folder).as_posix()
-            if rel not in listed and rel not in skip:
-                extra.append(rel)
-    return sorted(extra)
 
 
 def open_nofollow(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8"):

@@ -1,13 +1,13 @@
-"""Atomic, verified training checkpoints.
+"""Atomic, verified training checkpoints, and the lock on a run folder.
 
 A checkpoint is a folder ``checkpoints/iter_<NNNNNN>/`` written by the caller into a temporary
 sibling folder, each file fsynced, a ``manifest.json`` (SHA-256 and size of every file) written
 last, and the folder renamed into place with ``os.replace``. A run killed at any moment leaves
 either the previous checkpoints or the new one complete, never a half-written one under the
-final name. :func:`verify_checkpoint` rechecks the manifest so a damaged checkpoint fails with
-a clear message instead of a confusing unpickling error deep in torch. The manifest is a
-completeness check: it must list at least one file, every file it lists must match, and the
-folder may hold no file it does not list.
+final name. The run folder's layout, the manifest and the readers (listing, verifying a
+checkpoint against its manifest, the metrics) are :mod:`agents.runfolder`'s, which the viewer
+reads with too; :func:`verify_checkpoint` there fails a damaged checkpoint with a clear message
+instead of a confusing unpickling error deep in torch.
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
-import json
 import logging
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,17 +25,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from agents.safeio import (UnsafeFileError, loads_json, manifest_entries, open_nofollow, open_regular, read_regular,
-                           sha256_regular, unlisted_files)
+from agents.runfolder import (CHECKPOINT_NAME, CHECKPOINTS, MANIFEST, METRICS, RUN_FILES, TEMPORARY, CheckpointError,
+                              checkpoint_name, fsync_path, list_checkpoints, load_metrics, verify_checkpoint,
+                              write_manifest)
+from agents.safeio import UnsafeFileError, open_nofollow
 
 logger = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-_NAME_RE = re.compile(r"^iter_(\d{6,})$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupt."""
 
 
 #: What a full disk (or quota) says: errno, or the text libraries that wrap it keep (safetensors'
@@ -75,7 +67,7 @@ class DiskFullError(RuntimeError):
 def disk_full_error(run_dir: Path, exc: BaseException) -> DiskFullError:
     """The clear error for a run whose disk filled: what failed, and that its complete
     checkpoints are intact (written whole or not at all), so it resumes once there is space."""
-    done = list_checkpoints(run_dir / "checkpoints")
+    done = list_checkpoints(run_dir / CHECKPOINTS)
     what = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     then = (f"its last complete checkpoint, {done[-1].name}, is intact: free space, then resume with "
             f"python train.py --resume {run_dir}" if done else
@@ -85,40 +77,6 @@ def disk_full_error(run_dir: Path, exc: BaseException) -> DiskFullError:
 
 class RunFolderError(ValueError):
     """A run folder that cannot be used safely (a planted symbolic link where train.py writes)."""
-
-#: Files train.py writes directly in a run folder: a symbolic link at one of these names is
-#: refused when the run starts, so nothing is written through it to the link's target.
-RUN_FILES = (".lock", "config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "summary.txt", "curves.png",
-             "environment.json", "environment.json.tmp", "replay_log")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def checkpoint_name(iteration: int) -> str:
-    return f"iter_{iteration:06d}"
-
-
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints under ``root`` (oldest first); temporary folders are ignored."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME_RE.match(p.name))]
-    return [p for _, p in sorted(found)]
 
 
 def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Path], None], keep: int = 2) -> Path:
@@ -139,19 +97,7 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Pa
     tmp.mkdir()
     try:
         write(tmp)
-        files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest = {
-            "iteration": iteration,
-            "files": {str(p.relative_to(tmp)): {"sha256": _sha256(p), "size": p.stat().st_size} for p in files},
-        }
-        for p in files:
-            _fsync_path(p)
-        with open_nofollow(tmp / MANIFEST, "w") as fh:
-            json.dump(manifest, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        for d in sorted({p.parent for p in files} | {tmp}):
-            _fsync_path(d)
+        write_manifest(tmp, iteration)
         if final.exists():  # re-saving an iteration (e.g. after a resume): move the old one aside
             old = root / f".old-{final.name}-{os.getpid()}"
             os.replace(final, old)
@@ -159,7 +105,7 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Pa
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_path(root)
+        fsync_path(root)
     except BaseException as exc:
         full = isinstance(exc, Exception) and not disk_full(exc) and _nearly_full(root)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,90 +118,34 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, write: Callable[[Pa
     return final
 
 
-def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Check a checkpoint against its manifest; return the manifest or raise :class:`CheckpointError`.
-
-    The manifest must be well formed (relative paths, whole sizes, SHA-256s, an integer
-    iteration) and list at least one file; every listed file must be a regular file (not a
-    link) of that size and hash, and the folder may hold no file the manifest does not list."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist or is not a folder")
-    mpath = path / MANIFEST
-    if not os.path.lexists(mpath):
-        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it is incomplete (a run killed while writing?)")
-    try:
-        manifest = loads_json(read_regular(mpath, max_bytes=16 << 20), what=f"{mpath}")
-        entries = manifest_entries(manifest, f"{mpath}")
-        if not isinstance(manifest.get("iteration"), int) or isinstance(manifest["iteration"], bool):
-            raise UnsafeFileError(f"{mpath} has no whole-number \"iteration\"")
-    except (UnsafeFileError, OSError) as exc:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is corrupt ({exc}); resume from an older checkpoint "
-                              f"in {path.parent}") from None
-    extra = unlisted_files(path, {rel for rel, _, _ in entries})
-    if extra:
-        raise CheckpointError(f"checkpoint {path} holds files its manifest does not list ({', '.join(extra[:5])}): "
-                              f"it was modified after it was saved; resume from an older checkpoint in {path.parent}")
-    for rel, size, sha in entries:
-        p = path / rel
-        if not os.path.lexists(p):
-            raise CheckpointError(f"checkpoint {path} is missing {rel}")
-        try:
-            actual_sha, actual_size = sha256_regular(p, root=path)
-        except (UnsafeFileError, OSError) as exc:
-            raise CheckpointError(f"checkpoint {path}: {rel} cannot be checked ({exc})") from None
-        if actual_size != size or actual_sha != sha:
-            raise CheckpointError(
-                f"checkpoint {path}: {rel} does not match its checksum (corrupt or modified); "
-                f"resume from an older checkpoint in {path.parent}"
-            )
-    return manifest
-
-
 def verify_resume(path: str | os.PathLike) -> dict[str, Any]:
     """What ``--resume`` checks before anything is written: the checkpoint against its manifest
-    (:func:`verify_checkpoint`) and the run's ``metrics.jsonl``, which a resume rewrites from its
-    lines: every line must be a JSON object (a torn last line, from a kill mid-write, excepted),
-    else a :class:`CheckpointError` names the file and the line."""
+    (:func:`agents.runfolder.verify_checkpoint`) and the run's ``metrics.jsonl``, which a resume
+    rewrites from its lines: every line must be a JSON object (a torn last line, from a kill
+    mid-write, excepted), else a :class:`CheckpointError` names the file and the line."""
     manifest = verify_checkpoint(path)
-    check_metrics_lines(Path(path).parent.parent / "metrics.jsonl")
+    metrics = Path(path).parent.parent / METRICS
+    if not os.path.lexists(metrics):
+        return manifest
+    try:
+        damaged = load_metrics(metrics, name=str(metrics)).damaged
+    except (UnsafeFileError, OSError) as exc:
+        raise CheckpointError(f"{metrics} cannot be read to resume: {exc}") from None
+    if damaged:
+        raise CheckpointError(f"{damaged}: a resume rewrites metrics.jsonl from its lines, so it stops here; "
+                              "fix or delete that line and resume again")
     return manifest
 
 
-def check_metrics_lines(path: Path) -> None:
-    """:class:`CheckpointError` naming the first line of a ``metrics.jsonl`` that is not a JSON
-    object (the torn last line of a killed run is allowed); nothing if the file is absent."""
-    if not os.path.lexists(path):
-        return
-    try:
-        fd, _ = open_regular(path)
-    except (UnsafeFileError, OSError) as exc:
-        raise CheckpointError(f"{path} cannot be read to resume: {exc}") from None
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as fh:
-        line = fh.readline(1 << 24)
-        lineno = 0
-        while line:
-            lineno += 1
-            nxt = fh.readline(1 << 24)
-            torn = not nxt and not line.endswith("\n")
-            if line.strip() and not torn:
-                try:
-                    row = loads_json(line, what=f"{path} line {lineno}")
-                    if not isinstance(row, dict):
-                        raise UnsafeFileError(f"{path} line {lineno} is not a JSON object")
-                except UnsafeFileError as exc:
-                    raise CheckpointError(f"{exc}: a resume rewrites metrics.jsonl from its lines, so it stops here; "
-                                          "fix or delete that line and resume again") from None
-            line = nxt
 
 
 def resolve_resume(path: str | os.PathLike) -> Path:
     """``--resume`` accepts a checkpoint folder, a ``checkpoints/`` folder or a run folder;
     return the checkpoint to load (the newest one in the last two cases)."""
     path = Path(path)
-    if (path / MANIFEST).exists() or _NAME_RE.match(path.name):
+    if (path / MANIFEST).exists() or CHECKPOINT_NAME.match(path.name):
         return path
-    for root in (path / "checkpoints", path):
+    for root in (path / CHECKPOINTS, path):
         found = list_checkpoints(root)
         if found:
             return found[-1]
@@ -330,7 +220,7 @@ class RunLock:
         except BaseException:
             self._remove_created()
             raise
-        removed = clean_stale_temporaries(run_dir / "checkpoints")
+        removed = clean_stale_temporaries(run_dir / CHECKPOINTS)
         if removed:
             logger.info("removed %d temporary checkpoint folder(s) left by an interrupted run", removed)
 
@@ -407,7 +297,7 @@ def clean_stale_temporaries(root: str | os.PathLike) -> int:
     root = Path(root)
     if not root.is_dir():
         return 0
-    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-", ".old-"))]
+    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(TEMPORARY)]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
     return len(stale)

@@ -28,11 +28,12 @@ when the folder would exceed the cap the oldest segments are deleted whole, so t
 newest iterations within ``--replay-log-mb``. On resume, iterations after the checkpoint are
 removed (as ``metrics.jsonl``'s lines are), so the log reads as if the run had never stopped.
 
-A run folder may come from elsewhere, so every segment is read as untrusted input: a regular
-file opened without following a link or blocking (a FIFO named like a segment used to hang a
-resume), at most :data:`MAX_SEGMENT_BYTES`, its members decompressed with a cap checked while
-decompressing (:data:`MAX_SEGMENT_TEXT`, at most :data:`MAX_RATIO` times the file), each line a
-JSON object. Anything else is an :class:`agents.safeio.UnsafeFileError` naming the segment.
+A run folder may come from elsewhere, so every segment is read as untrusted input, by the
+readers of :mod:`agents.runfolder` (which the viewer reads with too): a regular file opened
+without following a link or blocking (a FIFO named like a segment used to hang a resume), at most
+``MAX_SEGMENT_BYTES``, its members decompressed with a cap checked while decompressing
+(``MAX_SEGMENT_TEXT``, at most ``MAX_RATIO`` times the file), each line a JSON object. Anything
+else is an :class:`agents.safeio.UnsafeFileError` naming the segment.
 
 Nothing here draws random numbers or changes what the learner computes: the log reads the
 buffer's sample and the update's statistics after the fact, and the per-token ratios through
@@ -45,34 +46,27 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from agents.safeio import UnsafeFileError, open_nofollow, read_regular
+from agents.runfolder import REPLAY_LOG, SEGMENT, read_members, read_replay_log, read_segment, segment_paths
+from agents.safeio import UnsafeFileError, open_nofollow
 
 logger = logging.getLogger(__name__)
 
-FOLDER = "replay_log"
+FOLDER = REPLAY_LOG
 FORMAT_VERSION = 1
-SEGMENT = re.compile(r"^seg-(\d{6})\.jsonl\.gz$")
 #: The cap is kept in this many segments: the oldest is deleted once the cap is reached.
 SEGMENTS = 8
 #: Observation text kept per turn (longer ones are cut, with the length they had).
 MAX_OBSERVATION_CHARS = 4000
 #: Age bucket edges (optimizer steps) of the buffer histograms: ``ReplayBuffer.age_stats``'s.
 AGE_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-#: The largest segment file read (one is closed at 1/SEGMENTS of the cap; this bounds a planted one).
-MAX_SEGMENT_BYTES = 512 << 20
-#: What one segment may decompress to at most, and at most this many times its size on disk
-#: (JSON lines compress ~5-10x; a 1.3 MB file of gzip bombs expanded to 1.3 GB).
-MAX_SEGMENT_TEXT = 1 << 30
-MAX_RATIO = 100
 #: Update statistics kept per replay or on-policy update.
 STAT_KEYS = ("grad_norm", "clip_frac", "ess", "kl", "loss", "tokens", "ratio_mean", "ratio_max", "ratio_min",
              "drift_per_step", "clip_drift_per_step", "weight_mean", "skipped", "fp16_overflow")
@@ -183,7 +177,7 @@ class ReplayLog:
     # -- files ---------------------------------------------------------------------------------
     def segments(self) -> list[Path]:
         """The segment files, oldest first."""
-        return sorted(p for p in self.dir.iterdir() if SEGMENT.match(p.name))
+        return segment_paths(self.dir.parent)
 
     def _truncate(self, iteration: int) -> None:
         """Remove every iteration after ``iteration`` (written after the checkpoint a run resumes)."""
@@ -345,75 +339,9 @@ def iteration_figures(row: dict[str, Any], draws: list[dict[str, Any]]) -> dict[
     return {"scalars": {k: float(v) for k, v in scalars.items() if v is not None}, "histograms": histograms}
 
 
-# -- reading (tools and tests; the viewer has its own bounded reader, agents/view/replay.py) ------
-def read_segment(path: str | os.PathLike) -> bytes:
-    """The bytes of a segment file: a regular file (no link, FIFO or device), opened without
-    blocking, of at most :data:`MAX_SEGMENT_BYTES`; else :class:`UnsafeFileError` naming it."""
-    try:
-        return read_regular(path, max_bytes=MAX_SEGMENT_BYTES)
-    except UnsafeFileError as exc:
-        raise UnsafeFileError(f"replay log segment refused: {exc}") from None
-
-
-def read_members(data: bytes, *, what: str = "a replay log segment",
-                 max_text: int | None = None) -> Iterator[tuple[bytes, list[dict[str, Any]] | None]]:
-    """``(raw bytes, rows)`` of each gzip member; a torn or corrupt last member gives ``None`` rows
-    and ends the file. The members decompress to at most ``max_text`` bytes in all (default
-    :data:`MAX_SEGMENT_TEXT`, and at most :data:`MAX_RATIO` times ``data``; checked while
-    decompressing), and a whole member's lines must be JSON objects: else
-    :class:`UnsafeFileError` naming ``what``."""
-    if max_text is None:
-        max_text = min(MAX_SEGMENT_TEXT, max(64 << 20, MAX_RATIO * len(data)))
-    total, start = 0, 0
-    while data:
-        d = zlib.decompressobj(31)
-        parts, pending = [], data
-        try:
-            while True:
-                out = d.decompress(pending, max_text - total + 1)
-                total += len(out)
-                if total > max_text:
-                    raise UnsafeFileError(f"{what} decompresses to more than {max_text:,} bytes (from "
-                                          f"{start + len(data):,} on disk): refused as a compression bomb")
-                parts.append(out)
-                if d.eof or not d.unconsumed_tail:
-                    break
-                pending = d.unconsumed_tail
-        except zlib.error:
-            yield data, None
-            return
-        if not d.eof:
-            yield data, None
-            return
-        used = len(data) - len(d.unused_data)
-        try:
-            rows = [json.loads(line) for line in b"".join(parts).decode("utf-8").splitlines() if line.strip()]
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise UnsafeFileError(f"{what}: the member at byte {start:,} is not JSON lines "
-                                  f"({type(exc).__name__}: {str(exc)[:120]})") from None
-        if not all(isinstance(row, dict) for row in rows):
-            raise UnsafeFileError(f"{what}: the member at byte {start:,} holds a line that is not a JSON object")
-        yield data[:used], rows
-        data = d.unused_data
-        start += used
-
-
-def read_replay_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every row of a run's replay log, oldest first (torn members skipped)."""
-    folder = Path(run_dir) / FOLDER
-    rows: list[dict[str, Any]] = []
-    if not folder.is_dir():
-        return rows
-    for path in sorted(p for p in folder.iterdir() if SEGMENT.match(p.name)):
-        for _, lines in read_members(read_segment(path), what=str(path)):
-            rows.extend(lines or [])
-    return rows
-
-
 def log_size(run_dir: str | os.PathLike) -> dict[str, float]:
     """Bytes on disk of a run's replay log, its iterations and bytes per iteration."""
-    folder = Path(run_dir) / FOLDER
-    size = sum(p.lstat().st_size for p in folder.iterdir() if SEGMENT.match(p.name)) if folder.is_dir() else 0
+    size = sum(p.lstat().st_size for p in segment_paths(run_dir))
     iterations = sum(1 for r in read_replay_log(run_dir) if r.get("type") == "iteration")
     return {"bytes": size, "iterations": iterations, "bytes_per_iteration": size / max(iterations, 1)}
 

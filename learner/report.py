@@ -18,7 +18,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from agents.evaluate import wilson_interval
-from agents.safeio import loads_json, open_nofollow
+from agents.runfolder import read_metrics
+from agents.safeio import open_nofollow
 
 logger = logging.getLogger(__name__)
 
@@ -78,27 +79,6 @@ class MetricsLogger:
         self._fh.close()
         for tracker in self.trackers:
             tracker.close()
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All lines of a metrics.jsonl (a torn last line from a killed run is ignored, and so is a
-    line that is not a JSON object or nests too deeply). A missing ``metrics.jsonl`` beside a
-    ``metrics.jsonl.gz`` (an archived run) is read from the latter."""
-    import gzip
-
-    path = Path(path)
-    archived = path.with_name(path.name + ".gz")
-    out = []
-    with (gzip.open(archived, "rt", encoding="utf-8") if not path.exists() and archived.exists()
-          else path.open(encoding="utf-8")) as fh:
-        for line in fh:
-            try:
-                row = loads_json(line, what=str(path))
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                out.append(row)
-    return out
 
 
 def intervals_disjoint(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -5,7 +5,8 @@ task for, numpy and the standard library alone); ``replay`` imports numpy and th
 only; no package imports a higher layer; the modules of ``agents`` import each other without a
 circle (type-checking-only imports included in the scan, so a protocol is not a loophole);
 importing train.py or any module of the packages runs nothing: no thread, no read of
-``/proc/stat``, no environment variable set (train.py's ``main()`` does what a run needs first).
+``/proc/stat``, no environment variable set (train.py's ``main()`` does what a run needs first);
+the readers of a run folder are defined once, in ``agents/runfolder.py``, for learner and viewer.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def test_agents_modules_import_each_other_without_a_circle() -> None:
 
 
 #: agents/ by role, lowest first: a module imports (from agents) only its own part and those before it.
-AGENT_PARTS = [("agents.safeio", "agents.record"), ("agents.policies", "agents.pretrained"), ("agents.engines",), ("agents.rollout",)]
+AGENT_PARTS = [("agents.safeio", "agents.record", "agents.runfolder"), ("agents.policies", "agents.pretrained"), ("agents.engines",), ("agents.rollout",)]
 #: The commands and the UI, above every part.
 AGENT_TOP = ("agents.evaluate", "agents.play", "agents.interactive", "agents.merge_lora", "agents.view")
 
@@ -120,6 +121,44 @@ def test_agents_parts_import_only_those_below_them() -> None:
             if imp.startswith(AGENT_TOP) or (to is not None and to > level):
                 offenders.append(f"{module} imports {imp}")
     assert not offenders, offenders
+
+
+#: The readers of a run folder's files (and the manifest's writer), each defined once: in
+#: agents/runfolder.py, low enough for both the learner and the viewer to read with it.
+RUN_FOLDER_READERS = {"list_checkpoints", "survey_checkpoints", "check_checkpoint", "verify_checkpoint",
+                      "manifest_entries", "unlisted_files", "write_manifest", "model_folder_problem", "load_metrics",
+                      "parse_metrics", "read_metrics", "read_metrics_lines", "segment_paths", "read_segment",
+                      "read_members", "member_rows", "read_replay_log", "is_run_folder"}
+#: Names a second copy of one of them would take.
+RUN_FOLDER_PREFIXES = ("read_metrics", "check_metrics", "list_checkpoint", "check_checkpoint", "verify_checkpoint",
+                       "read_segment", "read_replay", "read_members")
+#: What reading a run file by hand looks like: the checkpoint and segment name patterns, gzip members.
+RUN_FOLDER_CODE = ("iter_(", "seg-(", "decompressobj", "GzipFile")
+
+
+def test_the_run_folder_readers_exist_once() -> None:
+    """The learner and the viewer each re-implemented the readers of a run folder (the viewer may
+    not import the learner): every reader is defined in agents/runfolder.py alone, nothing else
+    in agents/ or learner/ parses a checkpoint or segment name or decompresses a log or metrics,
+    and both sides import the module."""
+    runfolder = REPO / "agents" / "runfolder.py"
+    defined: dict[str, list[str]] = {}
+    by_hand = []
+    for path in [*sorted((REPO / "agents").rglob("*.py")), *sorted((REPO / "learner").rglob("*.py")), REPO / "train.py"]:
+        text = path.read_text(encoding="utf-8")
+        rel = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+                    node.name in RUN_FOLDER_READERS or node.name.startswith(RUN_FOLDER_PREFIXES)):
+                defined.setdefault(node.name, []).append(rel)
+        if path != runfolder:
+            by_hand += [f"{rel}: {code}" for code in RUN_FOLDER_CODE if code in text]
+    assert defined == {name: ["agents/runfolder.py"] for name in RUN_FOLDER_READERS}, defined
+    assert not by_hand, by_hand
+    users = ["agents.view.runs", "agents.view.replay", "learner.checkpoint", "learner.report", "learner.replay_log",
+             "learner.tools.archive"]
+    modules = _modules("agents") | _modules("learner")
+    assert all("agents.runfolder" in modules[m] for m in users), {m: sorted(modules[m]) for m in users}
 
 
 def test_every_agents_module_imports_from_outside_the_checkout(tmp_path: Path) -> None:

@@ -49,12 +49,12 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from agents.runfolder import CURVES, MAX_BYTES, is_run_folder
 from agents.safeio import UnsafeFileError, inside, read_regular
 from agents.view import episodes as ep
 from agents.view import replay as rp
 from agents.view.sessions import MAX_REPLY_CHARS, TINY, Sessions, check_play_options, save_folder
-from agents.view.runs import (MAX_BYTES, RunInfo, ViewError, finite, find_runs, is_run_folder, load_run,
-                              newest_model_folder, safe_join)
+from agents.view.runs import RunInfo, ViewError, finite, find_runs, load_run, newest_model_folder, safe_join
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class Viewer:
         run = self.run(request.path_params["name"])
         if not run.has_curves:
             raise ViewError(f"{run.name} has no curves.png yet (train.py writes it when the run finishes)", status=404)
-        return Response(_served(run.path / "curves.png", MAX_BYTES["curves.png"], self.root), media_type="image/png")
+        return Response(_served(run.path / CURVES, MAX_BYTES[CURVES], self.root), media_type="image/png")
 
     def compare(self, request: Request) -> Response:
         """``/compare?run=A&run=B``: several runs side by side."""

@@ -7,14 +7,15 @@ drawn ids with their ages, base priorities, freshness factors, sampling probabil
 weights, advantages, token log IS ratios and the update's statistics) and ``iteration`` (the
 buffer's age histogram, tau, drift, the on-policy update's statistics).
 
-Read as untrusted input, like every run file: only regular segment files inside the viewer's
-root, each at most :data:`MAX_SEGMENT_BYTES`, decompressed to at most :data:`MAX_TEXT_BYTES` per
-member, :data:`MAX_SEGMENT_TEXT_BYTES` (and :data:`MAX_RATIO` times the file) per segment, both
-checked while decompressing, one member held at a time, and :data:`MAX_LOG_TEXT_BYTES` per run
-(newest segments first; older ones beyond that are left out and said so), lines parsed with
-bounded depth; a torn last member (a run still writing
-or killed) is skipped and said so. Each segment's summary is cached until the file changes, so
-a page polling a live run re-reads only the segment being written. Episode text and token ratios
+Read as untrusted input, like every run file, by :mod:`agents.runfolder`'s segment reader (the
+learner's too), within the viewer's tighter bounds: only regular segment files inside the
+viewer's root, each at most :data:`MAX_SEGMENT_BYTES`, decompressed to at most
+:data:`MAX_TEXT_BYTES` per member, :data:`MAX_SEGMENT_TEXT_BYTES` (and ``MAX_RATIO`` times the
+file) per segment, both checked while decompressing, one member held at a time, and
+:data:`MAX_LOG_TEXT_BYTES` per run (newest segments first; older ones beyond that are left out
+and said so), lines parsed with bounded depth; a torn last member (a run still writing or
+killed) is skipped and said so. Each segment's summary is cached until the file changes, so a
+page polling a live run re-reads only the segment being written. Episode text and token ratios
 are not kept in memory: an episode page re-reads the members that hold them.
 """
 
@@ -22,10 +23,8 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import stat
 import threading
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,17 +32,15 @@ from typing import Any
 import numpy as np
 
 from agents.record import Sample, Trajectory, Turn
-from agents.safeio import UnsafeFileError, inside, loads_json, read_regular
+from agents.runfolder import REPLAY_LOG, Members, member_rows, read_segment, segment_paths
+from agents.safeio import UnsafeFileError, inside
 from agents.view.runs import ViewError
 
-FOLDER = "replay_log"
-SEGMENT = re.compile(r"^seg-(\d{6})\.jsonl\.gz$")
 MAX_SEGMENT_BYTES = 256 << 20
 MAX_TEXT_BYTES = 64 << 20
-#: What one segment's members may decompress to in all, and at most this many times the file
-#: (at least MAX_TEXT_BYTES): a 1.3 MB segment of 40 gzip members of 32 MB each was read whole.
+#: What one segment's members may decompress to in all, and at most ``agents.runfolder.MAX_RATIO``
+#: times the file (at least 64 MB): a 1.3 MB segment of 40 gzip members of 32 MB each was read whole.
 MAX_SEGMENT_TEXT_BYTES = 256 << 20
-MAX_RATIO = 100
 MAX_LOG_TEXT_BYTES = 1 << 30
 #: The loss's age buckets of the IS ESS (``learner.loss.AGE_BUCKETS``), in order.
 ESS_BUCKETS = ("0", "1-2", "3-8", "9+")
@@ -77,52 +74,7 @@ class Segment:
     text_bytes: int = 0
 
 
-def _members(data: bytes, visit: Any) -> tuple[int, int, str]:
-    """Call ``visit(index, offset, length, text)`` for each whole gzip member, one at a time,
-    and return ``(members, text bytes, problem)`` (the problem '' if none). Decompression stops
-    at :data:`MAX_TEXT_BYTES` for a member and at the segment's cap in all, checked as it goes."""
-    view = memoryview(data)
-    cap = min(MAX_SEGMENT_TEXT_BYTES, max(MAX_TEXT_BYTES, MAX_RATIO * len(data)))
-    pos = total = count = 0
-    while pos < len(data):
-        d = zlib.decompressobj(31)
-        room = min(MAX_TEXT_BYTES, cap - total)
-        try:
-            text = d.decompress(view[pos:], room)
-        except zlib.error as exc:
-            return count, total, f"is corrupt after {count} iterations ({exc}); the rest is skipped"
-        if d.unconsumed_tail:
-            limit = f"{MAX_TEXT_BYTES:,} bytes for one member" if room == MAX_TEXT_BYTES else \
-                f"{cap:,} bytes for the segment"
-            return count, total, f"decompresses past {limit} (a compression bomb?); the rest is skipped"
-        if not d.eof:
-            return count, total, "ends in a torn iteration (a run still writing, or killed mid-write); it is skipped"
-        length = len(data) - pos - len(d.unused_data)
-        visit(count, pos, length, text)
-        total += len(text)
-        count += 1
-        pos += length
-    return count, total, ""
-
-
-_LINE = re.compile(rb"[^\n]+")
-
-
-def _rows(text: bytes, what: str) -> list[dict[str, Any]]:
-    rows = []
-    for match in _LINE.finditer(text):  # non-empty lines, without a list of every line
-        if not match.group(0).strip():
-            continue
-        try:
-            row = loads_json(match.group(0).decode("utf-8", errors="replace"), what=what)
-        except UnsafeFileError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def read_segment(path: Path, root: Path) -> Segment:
+def segment_summary(path: Path, root: Path) -> Segment:
     """A segment's summary, cached until the file changes."""
     st = os.lstat(path)
     key = (st.st_mtime, st.st_size)
@@ -135,14 +87,14 @@ def read_segment(path: Path, root: Path) -> Segment:
         seg.problems.append(f"{path.name} is not a regular file (a link?): it is not read")
         return seg
     try:
-        data = read_regular(path, max_bytes=MAX_SEGMENT_BYTES, root=root)
+        data = read_segment(path, root=root, max_bytes=MAX_SEGMENT_BYTES)
     except (OSError, UnsafeFileError) as exc:
-        seg.problems.append(f"{path.name} cannot be read: {exc}")
+        seg.problems.append(str(exc))
         return seg
-
-    def visit(m: int, offset: int, length: int, text: bytes) -> None:
-        seg.members.append((offset, length))
-        for row in _rows(text, f"{path.name}"):
+    members = Members(data, max_text=MAX_SEGMENT_TEXT_BYTES, max_member=MAX_TEXT_BYTES)
+    for m, member in enumerate(members):
+        seg.members.append((member.offset, member.length))
+        for row in member_rows(member.text, path.name):
             kind = row.get("type")
             if kind == "header":
                 seg.header = row
@@ -154,11 +106,11 @@ def read_segment(path: Path, root: Path) -> Segment:
                 seg.episodes[row["id"]] = {"id": row["id"], "iteration": row.get("iteration"), "seed": row.get("seed"),
                                            "return": _num(row.get("return")), "success": bool(row.get("success")),
                                            "group": row.get("group"), "_member": m}
-
-    _, seg.text_bytes, problem = _members(data, visit)
-    del data
-    if problem:
-        seg.problems.append(f"{FOLDER}/{path.name} {problem}")
+        del member
+    seg.text_bytes = members.text_bytes
+    if members.problem:
+        seg.problems.append(f"{REPLAY_LOG}/{path.name} {members.problem}")
+    del data, members
     with _cache_lock:
         _segment_cache[path] = (key, seg)
         while len(_segment_cache) > _SEGMENT_CACHE_MAX:
@@ -166,16 +118,19 @@ def read_segment(path: Path, root: Path) -> Segment:
     return seg
 
 
-def member_rows(seg: Segment, m: int, root: Path) -> list[dict[str, Any]]:
+def reread_member(seg: Segment, m: int, root: Path) -> list[dict[str, Any]]:
     """Every row of member ``m`` of a segment (re-read from the file)."""
     offset, length = seg.members[m]
     try:
-        data = read_regular(seg.path, max_bytes=MAX_SEGMENT_BYTES, root=root)[offset: offset + length]
-        d = zlib.decompressobj(31)
-        text = d.decompress(data, MAX_TEXT_BYTES)
-    except (OSError, UnsafeFileError, zlib.error) as exc:
+        data = read_segment(seg.path, root=root, max_bytes=MAX_SEGMENT_BYTES)[offset: offset + length]
+    except (OSError, UnsafeFileError) as exc:
         raise ViewError(f"the replay log changed while it was read ({exc}): reload the page") from None
-    return _rows(text, seg.path.name)
+    members = Members(data, max_text=MAX_TEXT_BYTES, max_member=MAX_TEXT_BYTES)
+    member = next(iter(members), None)
+    if member is None or member.length != length:
+        raise ViewError(f"the replay log changed while it was read ({seg.path.name} {members.problem or 'moved'}): "
+                        "reload the page")
+    return member_rows(member.text, seg.path.name)
 
 
 @dataclass
@@ -204,14 +159,13 @@ class ReplayLog:
 
 def read_log(run_dir: Path, root: Path) -> ReplayLog | None:
     """A run's replay log (None where the run has none)."""
-    folder = run_dir / FOLDER
+    folder = run_dir / REPLAY_LOG
     if not folder.is_dir() or folder.is_symlink() or not inside(folder, root):
         return None
     log = ReplayLog()
-    paths = sorted(p for p in folder.iterdir() if SEGMENT.match(p.name))
     text = 0
-    for path in reversed(paths):  # newest first, within the bound on text
-        seg = read_segment(path, root)
+    for path in reversed(segment_paths(run_dir)):  # newest first, within the bound on text
+        seg = segment_summary(path, root)
         if text + seg.text_bytes > MAX_LOG_TEXT_BYTES and log.segments:
             log.problems.append(f"the replay log is larger than the {MAX_LOG_TEXT_BYTES:,} bytes of text the viewer "
                                 f"reads: its oldest segments are left out")
@@ -356,7 +310,7 @@ def episode(log: ReplayLog, item_id: int, root: Path) -> tuple[Trajectory, dict[
         raise ViewError(f"no episode {item_id} in this run's replay log"
                         + (f" (it holds ids {first} to {max(index)})" if index else " (it holds none)"), status=404)
     seg, summary = index[item_id]
-    row = next((r for r in member_rows(seg, summary["_member"], root)
+    row = next((r for r in reread_member(seg, summary["_member"], root)
                 if r.get("type") == "episode" and r.get("id") == item_id), None)
     if row is None:
         raise ViewError(f"episode {item_id} is no longer in the replay log: reload the page", status=404)
@@ -370,7 +324,7 @@ def episode(log: ReplayLog, item_id: int, root: Path) -> tuple[Trajectory, dict[
                 continue
             key = (id(s), d["_member"])
             if key not in cache:
-                cache[key] = member_rows(s, d["_member"], root)
+                cache[key] = reread_member(s, d["_member"], root)
             full = next((r for r in cache[key] if r.get("type") == "draw" and r.get("iteration") == d.get("iteration")
                          and r.get("k") == d.get("k")), {})
             for pos, i in enumerate(ids):

@@ -6,10 +6,12 @@ per line, ``kind`` = train / eval / warmup), ``summary.json`` / ``summary.txt`` 
 folder and a ``manifest.json`` of every file's size and SHA-256, written last).
 
 Nothing here raises on a damaged or hostile folder: every problem becomes a message in
-:attr:`RunInfo.problems` (or a checkpoint's :attr:`CheckpointInfo.problem`) that a page shows.
-Every file is read as untrusted input (:mod:`agents.safeio`): only regular files inside the
-viewer's root, never through a symbolic link in the file's own name, each bounded in size
-(:data:`MAX_BYTES`) and parsed with a bound on depth (and, for YAML, on what aliases expand to).
+:attr:`RunInfo.problems` (or a checkpoint's :attr:`~agents.runfolder.CheckpointInfo.problem`)
+that a page shows. Every file is read as untrusted input (:mod:`agents.safeio`): only regular
+files inside the viewer's root, never through a symbolic link in the file's own name, each
+bounded in size (``agents.runfolder.MAX_BYTES``) and parsed with a bound on depth (and, for YAML,
+on what aliases expand to). The metrics, the checkpoints and the replay log are read by
+:mod:`agents.runfolder`, the readers the learner uses too.
 """
 
 from __future__ import annotations
@@ -17,25 +19,19 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.safeio import (UnsafeFileError, inside, load_yaml, loads_json, manifest_entries, read_text, sha256_regular,
-                           unlisted_files)
+from agents.runfolder import (CHECKPOINTS, CONFIG, CURVES, MAX_BYTES, METRICS, REPLAY_LOG, SUMMARY, CheckpointInfo,
+                              is_run_folder, read_metrics_lines, survey_checkpoints)
+from agents.safeio import UnsafeFileError, inside, load_yaml, loads_json, read_text
 
 logger = logging.getLogger(__name__)
 
-#: The most the viewer reads of each kind of file (larger ones are shown as a problem).
-MAX_BYTES = {"config.yaml": 1 << 20, "metrics.jsonl": 128 << 20, "summary.json": 16 << 20, "manifest.json": 16 << 20,
-             "curves.png": 32 << 20}
-
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json")
-CHECKPOINT_NAME = re.compile(r"^iter_(\d{6,})$")
 #: Folders of a run that are never runs themselves (not descended into when looking for runs).
-_NOT_RUNS = {"checkpoints", "best", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__", "replay_log",
+_NOT_RUNS = {CHECKPOINTS, "best", "eval", "reference", "tensorboard", "images", "gifs", "__pycache__", REPLAY_LOG,
              "wandb"}
 
 
@@ -51,11 +47,6 @@ class ViewError(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
-
-
-def is_run_folder(path: Path) -> bool:
-    """Whether ``path`` looks like a ``train.py`` run folder."""
-    return path.is_dir() and any((path / m).is_file() for m in RUN_MARKERS)
 
 
 def find_runs(root: Path, max_depth: int = 3) -> list[Path]:
@@ -97,139 +88,9 @@ def finite(value: Any) -> Any:
     return value
 
 
-def read_metrics_lines(path: Path, root: Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """The metric rows of a ``metrics.jsonl`` and a message for every line that could not be read.
-
-    A corrupt line (not JSON, not an object, nested too deeply) is skipped and named (line
-    number and what is wrong); a torn last line is reported as what it usually is, a run killed
-    or still writing. A file that is a link, not a regular file, outside ``root`` or too large
-    gives no rows and one message.
-    """
-    rows: list[dict[str, Any]] = []
-    problems: list[str] = []
-    try:
-        text = read_text(path, max_bytes=MAX_BYTES["metrics.jsonl"], root=root)
-    except (OSError, UnsafeFileError) as exc:
-        return [], [f"{path.name} cannot be read: {exc}"]
-    lines = text.split("\n")
-    last = len(lines) - (1 if lines and lines[-1] == "" else 0)
-    for lineno, line in enumerate(lines[:last], 1):
-        if not line.strip():
-            continue
-        try:
-            row = loads_json(line, what=f"{path.name} line {lineno}")
-        except UnsafeFileError as exc:
-            if lineno == last and not text.endswith("\n") and "not valid JSON" in str(exc):
-                problems.append(f"{path.name} line {lineno} is incomplete (a run still writing, or killed mid-line) "
-                                f"and was skipped")
-            else:
-                problems.append(f"{exc} and was skipped: {_clip(line)}")
-            continue
-        if not isinstance(row, dict):
-            problems.append(f"{path.name} line {lineno} is not a JSON object and was skipped: {_clip(line)}")
-            continue
-        rows.append(row)
-    return rows, problems
-
-
 def _clip(text: str, n: int = 80) -> str:
     text = text.strip()
     return text if len(text) <= n else text[:n] + "..."
-
-
-@dataclass
-class CheckpointInfo:
-    """One ``checkpoints/iter_N`` folder (or a temporary one a writer left behind)."""
-
-    name: str
-    path: Path
-    iteration: int | None
-    problem: str = ""  # empty: complete per its manifest (sizes; hashes are checked on load)
-
-    @property
-    def model_path(self) -> Path:
-        return self.path / "model"
-
-    @property
-    def ok(self) -> bool:
-        return not self.problem
-
-
-def check_checkpoint(path: Path, *, hashes: bool = False, root: Path | None = None) -> str:
-    """What is wrong with a checkpoint folder against its ``manifest.json`` ('' if nothing).
-
-    The manifest must be well formed and list at least one file; every listed file must be a
-    regular file (not a link) inside the checkpoint, of the listed size, and the folder may
-    hold no file the manifest does not list. ``hashes`` also recomputes every file's SHA-256
-    (what loading a checkpoint to play does). With ``root``, the checkpoint must lie inside it.
-    """
-    if not path.is_dir():
-        return f"{path} does not exist or is not a folder"
-    if root is not None and not inside(path, root):
-        return f"{path.name} lies outside {root}: it is not read"
-    manifest_path = path / "manifest.json"
-    if not os.path.lexists(manifest_path):
-        return (f"incomplete checkpoint: {path.name} has no manifest.json, which is written last "
-                "(a run killed while saving it?)")
-    try:
-        text = read_text(manifest_path, max_bytes=MAX_BYTES["manifest.json"], root=path)
-        entries = manifest_entries(loads_json(text, what=f"{path.name}/manifest.json"), f"{path.name}/manifest.json")
-    except (OSError, UnsafeFileError) as exc:
-        return f"corrupt checkpoint: {path.name}/manifest.json cannot be read ({exc})"
-    extra = unlisted_files(path, {rel for rel, _, _ in entries})
-    if extra:
-        return (f"modified checkpoint: {path.name} holds files its manifest does not list "
-                f"({', '.join(_clip(e, 60) for e in extra[:5])})")
-    for rel, size, sha in entries:
-        p = path / rel
-        try:
-            st = os.lstat(p)
-        except OSError:
-            return f"incomplete checkpoint: {path.name} is missing {rel}"
-        if not stat.S_ISREG(st.st_mode) or not inside(p.parent, path):
-            return f"damaged checkpoint: {path.name}/{rel} is not a regular file inside the checkpoint (a link?)"
-        if st.st_size != size:
-            return (f"incomplete or damaged checkpoint: {path.name}/{rel} is {st.st_size:,} bytes, its manifest says "
-                    f"{size:,} (half-written?)")
-        if hashes:
-            try:
-                actual = sha256_regular(p, root=path)[0]
-            except (OSError, UnsafeFileError) as exc:
-                return f"damaged checkpoint: {path.name}/{rel} cannot be read ({exc})"
-            if actual != sha:
-                return f"damaged checkpoint: {path.name}/{rel} does not match its checksum (corrupt or modified)"
-    return ""
-
-
-def model_folder_problem(model: str | Path) -> tuple[Path, str]:
-    """The model folder to load for ``model`` (a checkpoint folder ``iter_N`` means its
-    ``model/``) and what is wrong with the checkpoint it belongs to ('' if nothing, or if it is
-    no checkpoint's): checked against the manifest with every hash, as loading to play does."""
-    folder = Path(model).expanduser()
-    if CHECKPOINT_NAME.match(folder.name):
-        folder = folder / "model"
-    if folder.name == "model" and CHECKPOINT_NAME.match(folder.parent.name):
-        return folder, check_checkpoint(folder.parent, hashes=True)
-    return folder, ""
-
-
-def list_checkpoints(run_dir: Path, viewer_root: Path | None = None) -> list[CheckpointInfo]:
-    """Every checkpoint of a run (oldest first), each with what is wrong with it; a temporary
-    folder a writer left behind is listed as half-written."""
-    root = run_dir / "checkpoints"
-    if not root.is_dir() or (viewer_root is not None and not inside(root, viewer_root)):
-        return []
-    out: list[CheckpointInfo] = []
-    for p in sorted(root.iterdir()):
-        if not p.is_dir():
-            continue
-        m = CHECKPOINT_NAME.match(p.name)
-        if m:
-            out.append(CheckpointInfo(p.name, p, int(m.group(1)), check_checkpoint(p, root=viewer_root)))
-        elif p.name.startswith((".tmp-", ".old-")):
-            out.append(CheckpointInfo(p.name, p, None, "half-written checkpoint: a temporary folder of a save that was "
-                                                         "interrupted or is still running; it is never loaded"))
-    return sorted(out, key=lambda c: (c.iteration is None, c.iteration or 0, c.name))
 
 
 @dataclass
@@ -261,14 +122,14 @@ class RunInfo:
     def has_curves(self) -> bool:
         """Whether the run has a ``curves.png`` the viewer serves (a regular file, not a link)."""
         try:
-            return stat.S_ISREG(os.lstat(self.path / "curves.png").st_mode)
+            return stat.S_ISREG(os.lstat(self.path / CURVES).st_mode)
         except OSError:
             return False
 
     @property
     def has_replay_log(self) -> bool:
         """Whether the run has a replay log (``replay_log/``, written by runs with replay)."""
-        folder = self.path / "replay_log"
+        folder = self.path / REPLAY_LOG
         return folder.is_dir() and not folder.is_symlink()
 
     @property
@@ -325,12 +186,12 @@ def load_run(root: Path, path: Path) -> RunInfo:
 
 
 def _read_config(root: Path, info: RunInfo) -> None:
-    cfg_path = info.path / "config.yaml"
+    cfg_path = info.path / CONFIG
     if not os.path.lexists(cfg_path):
         info.problems.append("no config.yaml in this run folder")
         return
     try:
-        info.config_text = read_text(cfg_path, max_bytes=MAX_BYTES["config.yaml"], root=root)
+        info.config_text = read_text(cfg_path, max_bytes=MAX_BYTES[CONFIG], root=root)
         loaded = load_yaml(info.config_text, what="config.yaml")
     except (OSError, UnsafeFileError) as exc:
         info.config_text = ""
@@ -343,18 +204,18 @@ def _read_config(root: Path, info: RunInfo) -> None:
 
 
 def _read_metrics(root: Path, info: RunInfo) -> None:
-    metrics_path = info.path / "metrics.jsonl"
+    metrics_path = info.path / METRICS
     if os.path.lexists(metrics_path):
         info.metrics, info.metrics_problems = read_metrics_lines(metrics_path, root)
         info.problems += info.metrics_problems
 
 
 def _read_summary(root: Path, info: RunInfo) -> None:
-    summary_path = info.path / "summary.json"
+    summary_path = info.path / SUMMARY
     if not os.path.lexists(summary_path):
         return
     try:
-        loaded = loads_json(read_text(summary_path, max_bytes=MAX_BYTES["summary.json"], root=root),
+        loaded = loads_json(read_text(summary_path, max_bytes=MAX_BYTES[SUMMARY], root=root),
                             what="summary.json")
         if not isinstance(loaded, dict):
             raise UnsafeFileError("summary.json is not a JSON object")
@@ -370,7 +231,7 @@ def _read_summary(root: Path, info: RunInfo) -> None:
 
 
 def _read_checkpoints(root: Path, info: RunInfo) -> None:
-    info.checkpoints = list_checkpoints(info.path, root)
+    info.checkpoints = survey_checkpoints(info.path / CHECKPOINTS, root)
     for ck in info.checkpoints:
         if ck.problem:
             info.problems.append(f"checkpoint {ck.name}: {ck.problem}")

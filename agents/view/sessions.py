@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from agents.record import Sample, Trajectory, Turn, save_records
-from agents.view.runs import ViewError, model_folder_problem
+from agents.runfolder import model_folder_problem
+from agents.view.runs import ViewError
 from envs.play import wrap_reply
 
 logger = logging.getLogger(__name__)

@@ -34,12 +34,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agents.runfolder import load_metrics
+from agents.safeio import UnsafeFileError
+
 #: Significant digits a float keeps in archived metrics (float32 carries 7.2 decimal digits).
 DIGITS = 8
 #: What an archived run keeps besides its metrics (summary_<N>.* are matched separately).
 KEPT = ("config.yaml", "summary.json", "summary.txt", "environment.json")
-#: The most metrics text read (plain or decompressed).
-MAX_METRICS_BYTES = 2 << 30
 
 
 class ArchiveError(ValueError):
@@ -50,48 +51,18 @@ def read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
     """The rows of a ``metrics.jsonl`` (or its ``.gz``) and whether a torn last line (no newline
     at its end, not JSON: a killed run's) was left out. Any other line that is not a JSON object,
     not UTF-8 or nested too deeply is an :class:`ArchiveError` naming it; the file must be a
-    regular file (no link, FIFO or device) of at most :data:`MAX_METRICS_BYTES`."""
-    from agents.safeio import UnsafeFileError, loads_json, open_regular
-
+    regular file (no link, FIFO or device) of at most ``agents.runfolder.MAX_METRICS_BYTES``
+    (:func:`agents.runfolder.load_metrics` reads it)."""
     archived = path.with_name(path.name + ".gz")
     source = archived if not os.path.lexists(path) and os.path.lexists(archived) else path
     try:
-        fd, _ = open_regular(source)
+        metrics = load_metrics(path, name=str(source))
     except UnsafeFileError as exc:
         raise ArchiveError(str(exc)) from None
-    os.set_blocking(fd, True)
-    with os.fdopen(fd, "rb") as raw:
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if source.name.endswith(".gz") else raw
-        try:
-            data = stream.read(MAX_METRICS_BYTES + 1)
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise ArchiveError(f"{source} cannot be read: {exc}") from None
-    if len(data) > MAX_METRICS_BYTES:
-        raise ArchiveError(f"{source} holds more than {MAX_METRICS_BYTES:,} bytes of metrics; it is not archived")
-    lines = data.split(b"\n")
-    torn = False
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        last = number == len(lines)  # no newline after it
-        try:
-            row = loads_json(line.decode("utf-8"), what=f"{source} line {number}")
-            if not isinstance(row, dict):
-                raise UnsafeFileError(f"{source} line {number} is a JSON {type(row).__name__}, not an object")
-        except UnicodeDecodeError as exc:
-            problem = f"{source} line {number} is not UTF-8 ({exc.reason} at byte {exc.start})"
-        except UnsafeFileError as exc:
-            problem = str(exc)
-        else:
-            rows.append(row)
-            continue
-        if last:
-            torn = True
-            continue
-        raise ArchiveError(f"{problem}: it cannot be archived, so nothing was written or deleted; repair or remove "
-                           "that line and run the archive again")
-    return rows, torn
+    if metrics.damaged:
+        raise ArchiveError(f"{metrics.damaged}: it cannot be archived, so nothing was written or deleted; repair or "
+                           "remove that line and run the archive again")
+    return metrics.rows, metrics.torn
 
 
 def round_floats(value: Any, digits: int = DIGITS) -> Any:

@@ -186,7 +186,7 @@ def test_a_malformed_manifest_on_resume_is_a_clear_error_before_anything_is_writ
 
 
 def test_an_empty_manifest_or_an_unlisted_file_vouches_for_nothing(tiny_run: Path, tmp_path: Path, capsys) -> None:
-    from agents.view.runs import check_checkpoint
+    from agents.runfolder import check_checkpoint
 
     run, ck = _copy_run(tiny_run, tmp_path / "run")
     verify_checkpoint(ck)
@@ -287,7 +287,7 @@ def test_loading_never_runs_a_model_folders_code_nor_asks_on_stdin(tmp_path: Pat
 
 
 def test_agents_play_refuses_a_tampered_checkpoint_as_the_viewer_does(tiny_run: Path, tmp_path: Path) -> None:
-    from agents.view.runs import check_checkpoint
+    from agents.runfolder import check_checkpoint
 
     run, ck = _copy_run(tiny_run, tmp_path / "run")
     weights = ck / "model" / "model.safetensors"

@@ -20,7 +20,8 @@ import torch
 
 from agents.record import load_records
 from agents.view.episodes import EpisodeFilter, filter_episodes, reply_spans, turn_views
-from agents.view.runs import ViewError, check_checkpoint, find_runs, load_run, read_metrics_lines, safe_join
+from agents.runfolder import check_checkpoint, read_metrics_lines
+from agents.view.runs import ViewError, find_runs, load_run, safe_join
 from conftest import REPO, ViewServer, damage_run, make_tiny_run
 
 TEXT = "freshper/FrozenLake-v0"
@@ -54,7 +55,7 @@ def test_metrics_reader_names_corrupt_and_torn_lines(tmp_path: Path) -> None:
     assert [r["kind"] for r in rows] == ["train", "eval"] and math.isnan(rows[1]["success"])
     assert len(problems) == 3
     assert problems[0].startswith("metrics.jsonl line 2 is not valid JSON") and '{"kind": oops}' in problems[0]
-    assert "line 3 is not a JSON object" in problems[1]
+    assert "line 3 is a JSON list, not an object" in problems[1]
     assert "line 5 is incomplete (a run still writing, or killed mid-line)" in problems[2]
 
 
