@@ -20,7 +20,8 @@ What uvicorn leaves open is bounded at the connection (:class:`Limits`):
   answered 503 (``Retry-After: 1``) and closed.
 
 Every refusal is a JSON object ``{"error": "..."}``. What a request may hold once it has
-arrived (its body's size, its JSON) is the app's to check.
+arrived is the app's to check; :func:`read_body` reads a body with its size capped (411 without
+a Content-Length, 413 past the cap) and :func:`send_json` answers.
 """
 
 from __future__ import annotations
@@ -64,6 +65,69 @@ def raw_response(status: int, reason: str, message: str, *, retry_after: bool = 
     extra = b"Retry-After: 1\r\n" if retry_after else b""
     return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\nConnection: close\r\n\r\n%s"
             % (status, reason.encode(), extra, len(data), data))
+
+
+class Refused(Exception):
+    """A request an app refuses: the HTTP status, a message for the client, and whether the
+    connection is closed after the answer (the rest of the request left unread)."""
+
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.close = status, close
+
+
+async def read_body(scope: dict[str, Any], receive: Any, limit: int, *, drain: int, what: str = "message",
+                    optional: bool = False) -> bytes | None:
+    """The body of an HTTP request, at most ``limit`` bytes, or ``None`` if the client left
+    (or its request did not arrive in time: the connection answered the 408). It must come with
+    a Content-Length (a :class:`Refused` 411 otherwise, unless ``optional`` and the request has
+    no body at all); a larger one is a 413, read away first when at most ``drain`` bytes, so
+    the client sees the answer."""
+    length_header = chunked = None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length_header = value
+        elif name == b"transfer-encoding":
+            chunked = value
+    if length_header is None:
+        if optional and chunked is None:
+            return b""
+        raise Refused(411, "a Content-Length header is required (chunked bodies are not accepted)", close=True)
+    try:
+        length = int(length_header)
+        if length < 0:
+            raise ValueError
+    except ValueError:
+        shown = length_header[:40].decode("latin-1")
+        raise Refused(400, f"invalid Content-Length {shown!r}", close=True) from None
+    if length > limit:
+        if length <= drain:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None
+                if not message.get("more_body"):
+                    break
+        raise Refused(413, f"{what} of {length} bytes exceeds the server's limit of {limit} bytes", close=True)
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def send_json(send: Any, status: int, data: bytes, *, close: bool = False) -> None:
+    """An answer of JSON ``data`` (a 503 says ``Retry-After: 1``; ``close`` ends the connection)."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+    if status == 503:
+        headers.append((b"retry-after", b"1"))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 class _Gate:
@@ -160,7 +224,7 @@ def _protocol_class(gate: _Gate) -> type:
 
         def _expired(self) -> None:
             self._deadline = None
-            self._refuse(408, "Request Timeout", f"the request did not arrive within {limits.request_timeout:g} s")
+            self._refuse(408, "Request Timeout", f"the request did not arrive within {float(limits.request_timeout)} s")
 
         def _refuse(self, status: int, reason: str, message: str) -> None:
             """Answer ``status`` unless an answer was begun, and close the connection."""
@@ -215,13 +279,13 @@ class HTTPServer:
                  backlog: int = 1024, graceful: float = 5.0, on_close: Callable[[], None] | None = None) -> None:
         import uvicorn
 
-        self.limits = limits or Limits()
-        self._gate = _Gate(self.limits)
+        self.connection_limits = limits or Limits()
+        self._gate = _Gate(self.connection_limits)
         self._socket = _bind(host, port, backlog)
         self.server_address = self._socket.getsockname()[:2]
         config = uvicorn.Config(app, http=_protocol_class(self._gate), ws="none", lifespan="off", log_config=None,
                                 access_log=False, server_header=False, date_header=False, backlog=backlog,
-                                timeout_keep_alive=self.limits.request_timeout,  # type: ignore[arg-type]
+                                timeout_keep_alive=self.connection_limits.request_timeout,  # type: ignore[arg-type]
                                 timeout_graceful_shutdown=graceful)  # type: ignore[arg-type]
         self._uvicorn = uvicorn.Server(config)
         self._on_close = on_close

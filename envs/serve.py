@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.asgi import HTTPServer, serve_until_signal
+from envs.asgi import HTTPServer, Refused, read_body, send_json, serve_until_signal
 from envs.asgi import Limits as HTTPLimits
 
 logger = logging.getLogger(__name__)
@@ -548,14 +548,13 @@ class TaskApp:
         close = False
         try:
             if self.stopping:
-                close = True
-                raise ServeError(503, "the server is shutting down")
+                raise Refused(503, "the server is shutting down", close=True)
             raw = b""
             if method in ("POST", "DELETE"):
-                got = await self._read(scope, receive)
-                if got is None:  # the client left, or its request did not arrive in time (answered 408)
+                limit = self.service.limits.max_message_bytes
+                raw = await read_body(scope, receive, limit, drain=4 * limit, optional=method == "DELETE")
+                if raw is None:  # the client left, or its request did not arrive in time (answered 408)
                     return
-                raw, close = got
             if method == "GET" and path == "/health":
                 status, data = 200, _encode({"status": "ok", "task": self.service.env_id,
                                              "sessions": self.service.open_sessions,
@@ -563,58 +562,10 @@ class TaskApp:
             else:
                 loop = asyncio.get_running_loop()
                 status, data = await loop.run_in_executor(self.pool, self.answer, method, path, raw)
-        except ServeError as err:
-            status, data = err.status, _encode({"error": str(err)})
-            close = close or isinstance(err, _Closing)
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
-        if status == 503:
-            headers.append((b"retry-after", b"1"))
-        if close:
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
-
-    async def _read(self, scope: dict[str, Any], receive: Any) -> tuple[bytes, bool] | None:
-        """``(body, close the connection after answering)``; ``None`` if the client is gone."""
-        limit = self.service.limits.max_message_bytes
-        length_header = chunked = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                length_header = value
-            elif name == b"transfer-encoding":
-                chunked = value
-        if length_header is None:
-            if scope["method"] == "DELETE" or chunked is None:
-                return b"", False
-            raise _Closing(411, "a Content-Length header is required (chunked bodies are not accepted)")
-        try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise _Closing(400, f"invalid Content-Length {_clip(repr(length_header))}") from None
-        if length > limit:
-            if length <= 4 * limit:  # read a modest excess away, so the client sees the 413
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return None
-                    if not message.get("more_body"):
-                        break
-            raise _Closing(413, f"message of {length} bytes exceeds the server's limit of {limit} bytes "
-                                "(--max-message-bytes)")
-        parts, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:  # not past the announced length: the parser holds a body to it
-                raise _Closing(413, f"message exceeds the server's limit of {limit} bytes (--max-message-bytes)")
-            parts.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(parts), False
+        except Refused as err:
+            message = str(err) + (" (--max-message-bytes)" if err.status == 413 else "")
+            status, data, close = err.status, _encode({"error": message}), err.close
+        await send_json(send, status, data, close=close)
 
     def answer(self, method: str, path: str, raw: bytes) -> tuple[int, bytes]:
         """``(status, JSON answer)`` of one request whose body has arrived (in a pool thread)."""
@@ -641,10 +592,6 @@ class TaskApp:
         except Exception as err:  # a task's bug must not kill the server; the client sees a 500
             logger.exception("request failed")
             return 500, _encode({"error": _clip(f"internal error: {type(err).__name__}: {err}", 500)})
-
-
-class _Closing(ServeError):
-    """A refusal after which the connection is closed (the rest of the request is not read)."""
 
 
 class TaskServer(HTTPServer):

@@ -1,4 +1,4 @@
-"""A Search-R1 compatible retrieval server over the in-process BM25 index (standard library only).
+"""A Search-R1 compatible retrieval server over the in-process BM25 index, on uvicorn.
 
     python -m envs.search.server --corpus wiki.jsonl --port 8000   # your corpus
     python -m envs.search.server --port 8000                       # the embedded default corpus
@@ -10,8 +10,10 @@ when ``return_scores`` is false, as Search-R1's server does); ``GET /health`` an
 answers ``{"result": []}`` (its trainer sends one on turns where no rollout searches) and a
 missing, null or 0 ``topk`` means the server's default. Bad requests get a 4xx and
 ``{"error": "..."}``: 411 no length, 413 body too large, 400 malformed JSON (nesting too deep
-included) or wrong types, 408 a client that stalls mid-body, 404 unknown path. SIGTERM and
-SIGINT stop it cleanly: it stops accepting connections, closes its socket and exits with 0.
+included) or wrong types, 408 a request not in within ``request_timeout`` of its first byte,
+404 unknown path; connections are bounded as :mod:`envs.asgi` says (the lifecycle it shares
+with ``python -m envs.serve``). SIGTERM and SIGINT stop it cleanly: it stops accepting
+connections, closes its socket and exits with 0.
 ``--latency-ms`` makes every ``/retrieve`` wait that long first: a remote or loaded retrieval
 service, simulated on loopback (``benchmarks/scale_bench.py``).
 """
@@ -19,18 +21,17 @@ service, simulated on loopback (``benchmarks/scale_bench.py``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
-import signal
-import socket
 import sys
 import threading
-import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from envs.asgi import HTTPServer, Refused, read_body, send_json, serve_until_signal
+from envs.asgi import Limits as HTTPLimits
 from envs.search.retriever import BM25Retriever, Retriever
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,11 @@ class Limits:
     default_topk: int = 3
     #: A too-large body up to this size is read and discarded so the client sees the 413.
     max_drain_bytes: int = 16 << 20
-    #: Seconds a client may stall mid-request before it gets a 408 and its socket is closed.
+    #: Seconds a request may take to arrive, first byte to last (a 408 past them, and the
+    #: connection closed), and a connection may stay idle.
     request_timeout: float = 30.0
+    #: Open connections at most (the longest-idle one closed for a new one; a 503 when all are busy).
+    max_connections: int = 256
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_topk:
@@ -59,6 +63,8 @@ class Limits:
             raise ValueError("max_body_bytes, max_queries and max_query_chars must be >= 1")
         if not self.request_timeout > 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
 
 
 class BadRequest(Exception):
@@ -89,108 +95,66 @@ def validate(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
     return queries, topk, return_scores
 
 
-class RetrievalHandler(BaseHTTPRequestHandler):
-    """One request; the server object carries the retriever and the limits."""
+class RetrievalApp:
+    """The ASGI app: ``POST /retrieve`` and ``GET /health``. A body is read on the event loop
+    (the connection's deadline and the size cap hold while it arrives); decoding it and the
+    search run in a thread, so the loop keeps answering other connections meanwhile."""
 
-    server: RetrievalServer
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # else keep-alive replies wait ~40 ms on delayed ACKs
-    timeout = 30  # seconds a client may stall mid-request (the server's Limits.request_timeout)
+    def __init__(self, server: "RetrievalServer") -> None:
+        self.server = server
 
-    def setup(self) -> None:
-        self.timeout = self.server.limits.request_timeout
-        super().setup()
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        logger.debug("%s - %s", self.address_string(), format % args)
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 (stdlib name)
-        if self.path.split("?")[0] == "/health":
-            self._send(200, {"status": "ok", "passages": len(self.server.retriever)})  # type: ignore[arg-type]
-        else:
-            self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve or GET /health"})
-
-    def _read_body(self) -> bytes:
-        limits = self.server.limits
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            self.close_connection = True
-            raise BadRequest(411, "a Content-Length header is required")
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        server, path, close = self.server, scope["path"], False
         try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            raise BadRequest(400, f"invalid Content-Length {length_header!r}") from None
-        try:
-            if length > limits.max_body_bytes:
-                self.close_connection = True
-                if length <= limits.max_drain_bytes:  # read it away, so the client gets our 413
-                    remaining = length
-                    while remaining > 0:
-                        chunk = self.rfile.read(min(remaining, 1 << 16))
-                        if not chunk:
-                            break
-                        remaining -= len(chunk)
-                raise BadRequest(413, f"body of {length} bytes exceeds the limit of {limits.max_body_bytes}")
-            body = self.rfile.read(length)
-        except (socket.timeout, TimeoutError):
-            self.close_connection = True
-            raise BadRequest(408, f"the request body did not arrive within {self.timeout} s") from None
-        if len(body) < length:  # the client hung up mid-body
-            self.close_connection = True
-            raise BadRequest(400, f"the body ended after {len(body)} of {length} bytes")
-        return body
+            if scope["method"] == "GET":
+                if path != "/health":
+                    raise Refused(404, f"unknown path {path[:200]!r}; use POST /retrieve or GET /health")
+                status, payload = 200, {"status": "ok", "passages": len(server.retriever)}  # type: ignore[arg-type]
+            else:
+                if scope["method"] != "POST" or path != "/retrieve":
+                    raise Refused(404, f"unknown path {path[:200]!r}; use POST /retrieve", close=True)
+                limits = server.limits
+                raw = await read_body(scope, receive, limits.max_body_bytes, drain=limits.max_drain_bytes,
+                                      what="body")
+                if raw is None:  # the client left, or its request did not arrive in time (answered 408)
+                    return
+                status, payload = await asyncio.to_thread(self._retrieve, raw)
+                if status == 200 and server.latency > 0:  # an injected service time (benchmarks, fault tests)
+                    await asyncio.sleep(server.latency)
+        except Refused as err:
+            status, payload, close = err.status, {"error": str(err)}, err.close
+        await send_json(send, status, json.dumps(payload, ensure_ascii=False).encode("utf-8"), close=close)
 
-    def do_POST(self) -> None:  # noqa: N802 (stdlib name)
+    def _retrieve(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        server = self.server
         try:
-            if self.path.split("?")[0] != "/retrieve":
-                self.close_connection = True
-                raise BadRequest(404, f"unknown path {self.path!r}; use POST /retrieve")
-            raw = self._read_body()
             try:
                 body = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise BadRequest(400, f"the body is not valid UTF-8 JSON: {err}") from None
             except RecursionError:
                 raise BadRequest(400, "the body's JSON is nested too deeply") from None
-            queries, topk, return_scores = validate(body, self.server.limits)
-            self.server.count_request()
-            if self.server.latency > 0:  # an injected service time (benchmarks, fault tests)
-                time.sleep(self.server.latency)
-            hits = self.server.retriever.search(queries, topk) if queries else []
+            queries, topk, return_scores = validate(body, server.limits)
+            server.count_request()
+            hits = server.retriever.search(queries, topk) if queries else []
         except BadRequest as err:
-            self._send(err.status, {"error": str(err)})
-            return
+            return err.status, {"error": str(err)}
         except Exception as err:  # a bug must not kill the server; the client sees a 500
             logger.exception("retrieval failed")
-            self._send(500, {"error": f"internal error: {type(err).__name__}: {err}"})
-            return
+            return 500, {"error": f"internal error: {type(err).__name__}: {err}"}
         result = [
             [({"document": {"id": p.id, "contents": p.contents}, "score": p.score} if return_scores
               else {"id": p.id, "contents": p.contents}) for p in passages]
             for passages in hits
         ]
-        self._send(200, {"result": result})
+        return 200, {"result": result}
 
 
-class RetrievalServer(ThreadingHTTPServer):
-    """A threading HTTP server that answers Search-R1 retrieval requests."""
-
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 128
+class RetrievalServer(HTTPServer):
+    """The retrieval service: :class:`RetrievalApp` on the shared uvicorn lifecycle
+    (:mod:`envs.asgi`), bound at ``address`` (port 0: a free one) when made."""
 
     def __init__(self, address: tuple[str, int], retriever: Retriever, limits: Limits | None = None, *,
                  latency: float = 0.0) -> None:
@@ -201,16 +165,13 @@ class RetrievalServer(ThreadingHTTPServer):
         #: Valid /retrieve requests received so far.
         self.requests = 0
         self._count_lock = threading.Lock()
-        super().__init__(address, RetrievalHandler)
+        super().__init__(RetrievalApp(self), address[0], address[1],
+                         limits=HTTPLimits(request_timeout=self.limits.request_timeout,
+                                           max_connections=self.limits.max_connections))
 
     def count_request(self) -> None:
         with self._count_lock:
             self.requests += 1
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
 
 
 def serve(corpus: str | Path | None, host: str, port: int, *, topk: int = 3,
@@ -223,20 +184,8 @@ def serve(corpus: str | Path | None, host: str, port: int, *, topk: int = 3,
     limits = Limits(default_topk=topk)  # checked before the (possibly long) index build
     retriever = BM25Retriever(corpus, cache_dir=cache_dir)
     server = RetrievalServer((host, port), retriever, limits, latency=latency)
-
-    def stop(signum: int, _frame: Any) -> None:
-        logger.info("signal %d: shutting down", signum)
-        threading.Thread(target=server.shutdown, daemon=True).start()  # shutdown() blocks; not here
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    if ready_message:
-        print(f"serving {len(retriever)} passages from {corpus} at {server.url}/retrieve", flush=True)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-        logger.info("server stopped")
+    serve_until_signal(server, f"serving {len(retriever)} passages from {corpus} at {server.url}/retrieve"
+                       if ready_message else None)
 
 
 def main(argv: list[str] | None = None) -> int:
