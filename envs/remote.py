@@ -18,7 +18,8 @@ served task can be pretrained on too; ``sample_reply(rng)`` draws locally from t
 ``effective_actions`` exactly as the task would. Runners that step a turn's envs together
 (:func:`MultiTurnEnv.before_batch_step`) send the whole turn to each server as one ``/batch``
 request, and resets announced together (:func:`MultiTurnEnv.before_batch_reset`) go as one too. The optional text capabilities (:mod:`envs.capabilities`) are answered by the served
-task, a missing one with ``NotImplementedError`` on the call (the client cannot know beforehand).
+task, a missing one with :class:`envs.capabilities.MissingCapability` (a ``NotImplementedError``)
+on the call (the client cannot know beforehand).
 Not available remotely: ``counterfactual_probes`` and ``turn_diagnostics`` (the defaults: none).
 
 Faults: the server is retried while it cannot be reached (``client_retries`` times, with
@@ -48,6 +49,8 @@ from typing import Any, ClassVar, Sequence
 import gymnasium as gym
 import numpy as np
 
+from envs.adapters.external import failed_info
+from envs.capabilities import MissingCapability
 from envs.serve import MAX_IMAGE_PIXELS, PROTOCOL, decode_image, decode_observation
 from envs.spaces import AnyText
 from envs.wire import AnswerError, Broken, KeepAlive, TooLate, Unreachable, clip, loads_json
@@ -205,8 +208,8 @@ class RemoteEnv(gym.Env):
             answer = self._request("POST", self._session_path("call"), {"method": method, "args": list(args)},
                                    retry_sent=True)
         except RemoteEnvError as exc:
-            if exc.status == 501:
-                raise NotImplementedError(str(exc)) from None
+            if exc.status == 501:  # the served task lacks this capability
+                raise MissingCapability(str(exc)) from None
             raise
         if "result" not in answer:
             raise RemoteEnvError(f"{self.url}: the answer to {method} has no 'result'")
@@ -245,7 +248,7 @@ class RemoteEnv(gym.Env):
 
     def _failed_step(self, error: str) -> tuple[dict, float, bool, bool, dict]:
         obs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in (self._obs or {"text": ""}).items()}
-        return obs, 0.0, True, False, {"failed": True, "error": error, "action_is_valid": True, "success": False}
+        return obs, 0.0, True, False, failed_info(error)
 
     def _finish(self, answer: Any) -> tuple[dict, float, bool, bool, dict]:
         """A step's answer, every field checked; a malformed one is a failed step saying why."""

@@ -6,6 +6,7 @@
 - :mod:`envs.adapters.openenv`: an OpenEnv environment server, played over its WebSocket
   session, as ``freshper/OpenEnv-v0`` (extra ``.[openenv]``).
 
-Each module imports its package when used, so ``import envs`` works without them; building
+Both are :class:`envs.adapters.external.ExternalEnv`: the task contract of an environment that
+runs outside freshper and answers each reply. Each module imports its package when used, so ``import envs`` works without them; building
 a task whose package is missing raises an ``ImportError`` that says what to install.
 """

@@ -32,14 +32,10 @@ episode).
 from __future__ import annotations
 
 import json
-import re
-from typing import Any, ClassVar
-
-import gymnasium as gym
-import numpy as np
+from typing import Any
 
 from envs._builtin import OPENENV_INSTALL_HINT as INSTALL_HINT
-from envs.base import MultiTurnEnv
+from envs.adapters.external import Exchange, ExternalEnv, failed_info
 
 _SKIP_FIELDS = frozenset({"done", "reward", "metadata"})
 
@@ -68,8 +64,9 @@ def observation_text(observation: dict[str, Any], field: str | None = None) -> s
     return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v, default=str)}" for k, v in fields.items())
 
 
-class OpenEnvEnv(MultiTurnEnv):
-    """An OpenEnv environment server as a freshper task (see the module docstring).
+class OpenEnvEnv(ExternalEnv):
+    """An OpenEnv environment server as a freshper task (see the module docstring; the
+    contract's shared part is :class:`envs.adapters.external.ExternalEnv`).
 
     Args:
         url: the server's base URL (``http://host:port``, or ``ws://``).
@@ -82,8 +79,6 @@ class OpenEnvEnv(MultiTurnEnv):
         connect_timeout, message_timeout: seconds to open the session and to wait for an answer.
     """
 
-    modality: ClassVar[str] = "text"
-
     def __init__(self, url: str, *, action_field: str = "message", action_extra: dict[str, Any] | None = None,
                  observation_field: str | None = None, instructions: str = "",
                  reset_kwargs: dict[str, Any] | None = None, max_turns: int = 100,
@@ -93,8 +88,7 @@ class OpenEnvEnv(MultiTurnEnv):
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be the OpenEnv server's base URL, e.g. 'http://127.0.0.1:8000', "
                              f"got {url!r}")
-        super().__init__(max_turns=max_turns, format_penalty=0.0, render_mode=render_mode,
-                         max_text_length=max_text_length)
+        super().__init__(max_turns=max_turns, render_mode=render_mode, max_text_length=max_text_length)
         self.url = url
         self.action_field = str(action_field)
         self.action_extra = dict(action_extra or {})
@@ -108,7 +102,6 @@ class OpenEnvEnv(MultiTurnEnv):
         self.message_timeout = float(message_timeout)
         self._client: Any = None
         self._observation: dict[str, Any] = {}
-        self._text = ""
         self._server_seed = 0
         self._build_spaces()
 
@@ -123,7 +116,8 @@ class OpenEnvEnv(MultiTurnEnv):
             self._client = client
         return self._client
 
-    def _drop_session(self) -> None:
+    def _stop(self) -> None:
+        """Close the session (the next reset opens a new one)."""
         client, self._client = self._client, None
         if client is not None:
             try:
@@ -141,80 +135,36 @@ class OpenEnvEnv(MultiTurnEnv):
         try:
             result = self._session().reset(seed=self._server_seed, **self.reset_kwargs)
         except RuntimeError as exc:  # the server answered with an error
-            self._drop_session()
+            self._stop()
             raise RuntimeError(f"OpenEnv server {self.url} refused the reset: {exc}") from exc
         except ConnectionError:  # the server cannot be reached
-            self._drop_session()
+            self._stop()
             raise
         except Exception as exc:  # a session that went stale between episodes: open a new one
-            self._drop_session()
+            self._stop()
             try:
                 result = self._session().reset(seed=self._server_seed, **self.reset_kwargs)
             except Exception as again:
-                self._drop_session()
+                self._stop()
                 raise ConnectionError(f"OpenEnv server {self.url} failed to reset: {again!r}") from exc
         self._show(result.observation)
 
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        gym.Env.reset(self, seed=seed)
-        self._reset_task(options)
-        self.turn, self.episode_return, self._done, self._success = 0, 0.0, False, False
-        text = f"{self._instructions}\n\n{self._text}" if self._instructions else self._text
-        info = {"instructions": self._instructions, "action_is_valid": True, "success": False, "turn": 0}
-        info.update(self.task_info())
-        return {"text": text}, info
-
-    def step(self, action: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        if self._done:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
+    def exchange(self, reply: str) -> Exchange:
         if self._client is None:
             raise RuntimeError("step() called before reset()")
-        self.turn += 1
-        payload = {**self.action_extra, self.action_field: action if isinstance(action, str) else ""}
+        payload = {**self.action_extra, self.action_field: reply}
         try:
             result = self._client.step(payload)
         except RuntimeError as exc:  # the server's error answer
             raise RuntimeError(f"OpenEnv server {self.url} rejected the step (the reply goes in action field "
                                f"{self.action_field!r}): {exc}") from exc
         except Exception as exc:  # the connection is lost, or the server did not answer in time
-            self._drop_session()
-            self._done = True
-            info = {"failed": True, "error": f"OpenEnv server {self.url}: {exc!r}", "action_is_valid": True,
-                    "success": False, "turn": self.turn}
-            return {"text": ""}, 0.0, False, True, info
+            self._stop()
+            return Exchange("", truncated=True, info=failed_info(f"OpenEnv server {self.url}: {exc!r}"))
         self._show(result.observation)
         reward = float(result.reward) if result.reward is not None else 0.0
         terminated = bool(result.done)
-        truncated = not terminated and self.turn >= self.max_turns
-        self._done = terminated or truncated
-        self._success = terminated and reward >= self.success_threshold
-        self.episode_return += reward
-        info = {"action_is_valid": True, "success": self._success, "turn": self.turn}
-        info.update(self.task_info())
-        return {"text": self._text}, reward, terminated, truncated, info
-
-    def close(self) -> None:
-        self._drop_session()
-        super().close()
-
-    # -- the contract ----------------------------------------------------------------------------
-    def instructions(self) -> str:
-        return self._instructions
-
-    def state_text(self) -> str:
-        return self._text
-
-    def parse_action(self, reply: str) -> tuple[Any, str | None]:
-        return (reply if isinstance(reply, str) else ""), None
-
-    def apply_action(self, action: Any) -> tuple[float, str, bool, bool]:
-        raise NotImplementedError("OpenEnvEnv.step sends replies to the OpenEnv server")
-
-    def sample_reply(self, rng: np.random.Generator) -> str:
-        """One to three words of the latest observation."""
-        words = re.findall(r"[A-Za-z0-9]+", self._text) or ["yes"]
-        return " ".join(words[int(rng.integers(len(words)))] for _ in range(int(rng.integers(1, 4))))
+        return Exchange(self._text, reward, terminated, success=terminated and reward >= self.success_threshold)
 
     def task_info(self) -> dict[str, Any]:
-        return {"observation": self._observation, "server_seed": self._server_seed}
+        return {"observation": dict(self._observation), "server_seed": self._server_seed}

@@ -52,17 +52,15 @@ import importlib
 import json
 import os
 import queue
-import re
 import signal
 import threading
 import time
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
-import gymnasium as gym
 import numpy as np
 
 from envs._builtin import VERIFIERS_INSTALL_HINT as INSTALL_HINT
-from envs.base import MultiTurnEnv
+from envs.adapters.external import Exchange, ExternalEnv, failed_info
 #: verifiers' stop conditions that cut a rollout short (beside its own ``is_truncated`` flag).
 _CUT_SHORT = frozenset({"timeout_reached", "prompt_too_long", "max_total_completion_tokens_reached"})
 _DEFAULT_MAX_TURNS = 100
@@ -331,8 +329,9 @@ def _after_last_reply(messages: list) -> list:
 
 
 # -- the task ------------------------------------------------------------------------------------
-class VerifiersEnv(MultiTurnEnv):
-    """A verifiers environment as a freshper task (see the module docstring).
+class VerifiersEnv(ExternalEnv):
+    """A verifiers environment as a freshper task (see the module docstring; the contract's
+    shared part is :class:`envs.adapters.external.ExternalEnv`).
 
     Args:
         env: a verifiers ``Environment``, a factory (``"module:function"`` or a callable) or an
@@ -347,8 +346,6 @@ class VerifiersEnv(MultiTurnEnv):
         timeout: seconds to wait for the environment's response to a reply; past it the
             episode ends with ``info["failed"]``.
     """
-
-    modality: ClassVar[str] = "text"
 
     def __init__(self, env: Any, *, env_args: dict[str, Any] | None = None, split: str = "train",
                  max_turns: int | None = None, success_threshold: float | None = None, model: str = "freshper",
@@ -367,8 +364,7 @@ class VerifiersEnv(MultiTurnEnv):
             raise ValueError(f"{type(self.vf_env).__name__}'s {split} dataset is empty")
         own_turns = int(getattr(self.vf_env, "max_turns", -1) or -1)
         turns = max_turns if max_turns is not None else own_turns if own_turns > 0 else _DEFAULT_MAX_TURNS
-        super().__init__(max_turns=turns, format_penalty=0.0, render_mode=render_mode,
-                         max_text_length=max_text_length)
+        super().__init__(max_turns=turns, render_mode=render_mode, max_text_length=max_text_length)
         self.success_threshold = float(success_threshold if success_threshold is not None
                                        else getattr(self.vf_env, "pass_threshold", 0.5))
         self.model = str(model)
@@ -376,8 +372,6 @@ class VerifiersEnv(MultiTurnEnv):
         self.timeout = float(timeout)
         self._client_cls = _client_class(vf)
         self._rollout: _Rollout | None = None
-        self._instructions = ""
-        self._text = ""
         self._index = -1
         self._example_id: Any = None
         self._build_spaces()
@@ -425,79 +419,41 @@ class VerifiersEnv(MultiTurnEnv):
                                          if _field(m, "role") == "system")
         self._text = messages_text([m for m in payload if _field(m, "role") != "system"])
 
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        gym.Env.reset(self, seed=seed)
-        self._reset_task(options)
-        self.turn, self.episode_return, self._done, self._success = 0, 0.0, False, False
-        text = f"{self._instructions}\n\n{self._text}" if self._instructions else self._text
-        info = {"instructions": self._instructions, "action_is_valid": True, "success": False, "turn": 0}
-        info.update(self.task_info())
-        return {"text": text}, info
-
-    def step(self, action: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        if self._done:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
-        if self._rollout is None:
-            raise RuntimeError("step() called before reset()")
-        self.turn += 1
+    def exchange(self, reply: str) -> Exchange:
         rollout = self._rollout
-        rollout.send(action if isinstance(action, str) else "")
+        if rollout is None:
+            raise RuntimeError("step() called before reset()")
+        rollout.send(reply)
         kind, payload = rollout.next_event(self.timeout)
-        info: dict[str, Any] = {"action_is_valid": True, "success": False, "turn": self.turn}
-        info.update(self.task_info())
-        reward, terminated, truncated = 0.0, False, False
         if kind == "prompt":
-            self._text = messages_text(_after_last_reply(payload))
-            if self.turn >= self.max_turns:
-                self._stop()
-                truncated = True
-        elif kind == "done":
+            text = messages_text(_after_last_reply(payload))
+            if self.turn < self.max_turns:
+                return Exchange(text)
+            self._stop()  # the rollout waits for a reply that will not come
+            return Exchange(text, truncated=True)
+        if kind == "done":
             self._rollout = None
             reward = float(payload.get("reward") or 0.0)
-            self._text = messages_text(_after_last_reply(payload.get("completion") or []))
             stop = payload.get("stop_condition")
             truncated = stop in _CUT_SHORT or bool(payload.get("is_truncated"))
-            terminated = not truncated
-            self._success = payload.get("error") is None and reward >= self.success_threshold
-            info.update(success=self._success, stop_condition=stop,
-                        metrics={k: float(v) for k, v in (payload.get("metrics") or {}).items()})
+            success = payload.get("error") is None and reward >= self.success_threshold
+            info: dict[str, Any] = {"stop_condition": stop,
+                                    "metrics": {k: float(v) for k, v in (payload.get("metrics") or {}).items()}}
             if payload.get("error") is not None:
                 info.update(failed=True, error=str(payload.get("error_chain") or payload["error"]))
-        elif kind == "error":
+            return Exchange(messages_text(_after_last_reply(payload.get("completion") or [])), reward,
+                            terminated=not truncated, truncated=truncated, success=success, info=info)
+        if kind == "error":
             self._rollout, self._done = None, True
             raise RuntimeError(f"the verifiers environment raised during its rollout: {payload!r}") from payload
-        else:  # the environment did not answer in time
-            self._stop()
-            self._text = ""
-            truncated = True
-            info.update(failed=True, error=f"the verifiers environment did not respond within {self.timeout:g} s")
-        self._done = terminated or truncated
-        self.episode_return += reward
-        return {"text": self._text}, reward, terminated, truncated, info
-
-    def close(self) -> None:
-        self._stop()
-        super().close()
-
-    # -- the contract ----------------------------------------------------------------------------
-    def instructions(self) -> str:
-        return self._instructions
-
-    def state_text(self) -> str:
-        return self._text
-
-    def parse_action(self, reply: str) -> tuple[Any, str | None]:
-        return (reply if isinstance(reply, str) else ""), None
-
-    def apply_action(self, action: Any) -> tuple[float, str, bool, bool]:
-        raise NotImplementedError("VerifiersEnv.step hands replies to the verifiers rollout")
+        self._stop()  # the environment did not answer in time
+        return Exchange("", truncated=True,
+                        info=failed_info(f"the verifiers environment did not respond within {self.timeout:g} s"))
 
     def sample_reply(self, rng: np.random.Generator) -> str:
         """One to three words of the latest observation, in the environment's XML format when
         its parser is an ``XMLParser`` (every field holding the words)."""
-        words = re.findall(r"[A-Za-z0-9]+", self._text) or ["yes"]
-        text = " ".join(words[int(rng.integers(len(words)))] for _ in range(int(rng.integers(1, 4))))
+        text = super().sample_reply(rng)
         parser = getattr(self.vf_env, "parser", None)
         fields = getattr(parser, "get_fields", None)
         if callable(fields) and callable(getattr(parser, "format", None)):
