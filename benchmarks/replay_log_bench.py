@@ -34,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import learner.run
-    from learner.build import reference_policy
     from learner.config import make_config
     from learner.replay_log import log_size
 
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                           progress=False, tensorboard=False, eval_every=0, replay_log_mb=mb, **extra)
         run = learner.run.setup(cfg)
         run.policy.save_pretrained(run.dir / "reference")  # what start_of_rl saves; its evaluations are not timed
-        run.ref = reference_policy(run.policy, run.dir) if cfg.loss.kl_coef else None
+        run.learner.reference()  # loaded before the timed iterations, as the loop does
         runs[name] = run
     times: dict[str, list[float]] = {name: [] for name in runs}
     rows: dict[str, list[dict]] = {name: [] for name in runs}

@@ -1,7 +1,9 @@
-"""What a run trains with, built from its :class:`~learner.config.Config`: the policy (full
-weights or LoRA adapters, in the compute precision), a sharded learner's shard of it under
-torchrun, its KL reference, the run state (optimizer, schedule, replay buffer) and the update
-each rank carries out. :func:`serve_rank` is the life of a torchrun rank other than 0."""
+"""What a run trains with, built from its resolved settings (:class:`~learner.config.Resolved`):
+:func:`build_learner` chooses the learner once (:class:`learner.learners.LocalLearner`, or under
+torchrun :class:`learner.distributed.ShardedLearner`) and builds it: the policy (full weights or
+LoRA adapters, in the spec's compute precision), a sharded learner's shard of it, the run state
+(optimizer, schedule, replay buffer), the update step and its KL reference.
+:func:`serve_rank` is the life of a torchrun rank other than 0."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from typing import Any
 
 import torch
 
-from learner import distributed
 from agents.policies.spec import PolicySpec
-from learner.config import Config, policy_spec
-from learner.machine import available_cpus, torch_threads
+from learner import distributed
+from learner.config import Config, Resolved, resolve
+from learner.learners import Learner, LocalLearner, UpdateStep
 from learner.state import ReplaySettings, TrainerState
 
 
@@ -87,29 +89,25 @@ def think_span(policy) -> tuple[int, int]:
     return ids[0][0], ids[1][0]
 
 
-def update_function(cfg: Config, policy, state: TrainerState, run_dir: Path, skip_span, spec: PolicySpec):
-    """One rank's update of a sharded learner: ``(trajs, weights, ages, on_policy, shard) ->
-    stats``, with its KL reference loaded on first use (after rank 0 wrote it)."""
-    from learner.update import policy_update
+def update_step(r: Resolved, trained, state: TrainerState, run_dir: Path) -> UpdateStep:
+    """One rank's update of ``trained`` (its KL reference, ``run_dir/reference``, loaded on first use)."""
+    skip_span = None if r.cfg.rl.think_loss else think_span(trained)
+    return UpdateStep(trained, state, r.cfg, r.update_threads, skip_span,
+                      lambda: reference_policy(trained, run_dir, r.spec))
 
-    refs: list = []
 
-    def reference():
-        if cfg.loss.kl_coef == 0.0:
-            return None
-        if not refs:
-            refs.append(reference_policy(policy, run_dir, spec))
-        return refs[0]
-
-    def update(trajs, weights, ages, on_policy, shard):
-        threads = cfg.model.update_threads or max(1, min(8, available_cpus() // distributed.world_size()))
-        with torch_threads(threads):
-            return policy_update(policy, reference(), state.optimizer, state.scheduler, trajs, weights, ages,
-                                 loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro(),
-                                 max_grad_norm=cfg.rl.max_grad_norm, on_policy=on_policy, skip_span=skip_span,
-                                 scaler=state.scaler, shard=shard)
-
-    return update
+def build_learner(r: Resolved, model_path: Path, run_dir: Path) -> Learner:
+    """The run's learner, trained from ``model_path``: in this process, or (``r.sharded``) this
+    rank's shard with an unsharded sampler copy for rank 0 to play and evaluate with."""
+    cfg = r.cfg
+    if r.sharded:
+        policy = load_policy(cfg, model_path, r.spec, sampler=True)
+        trained = load_sharded_learner(cfg, model_path, r.spec)
+    else:
+        policy = trained = load_policy(cfg, model_path, r.spec)
+    state = trainer_state(cfg, trained, cfg.replay)
+    step = update_step(r, trained, state, run_dir)
+    return distributed.ShardedLearner(trained, policy, state, step) if r.sharded else LocalLearner(policy, state, step)
 
 
 def serve_rank(cfg: Config) -> int:
@@ -121,16 +119,14 @@ def serve_rank(cfg: Config) -> int:
     if command != "start":
         return 2  # rank 0 refused to start; it says why
     model_path, run_dir, resume = payload
+    r = resolve(cfg, world=distributed.world_size())
     configure_threads(cfg.model.threads)
-    spec = policy_spec(cfg)
-    policy = load_sharded_learner(cfg, Path(model_path), spec)
-    state = trainer_state(cfg, policy, ReplaySettings("none"))
+    trained = load_sharded_learner(r.cfg, Path(model_path), r.spec)
+    state = trainer_state(r.cfg, trained, ReplaySettings("none"))
+    learner = distributed.ShardedLearner(trained, None, state, update_step(r, trained, state, Path(run_dir)))
     if resume is not None:
-        state.load(Path(resume))
-        distributed.load_sharded(policy, state.optimizer, Path(resume))
-    skip_span = None if cfg.rl.think_loss else think_span(policy)
-    distributed.serve(distributed.ShardedLearner(policy, None, state,
-                                                 update_function(cfg, policy, state, Path(run_dir), skip_span, spec)))
+        learner.load(Path(resume))
+    distributed.serve(learner)
     return 0
 
 

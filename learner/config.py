@@ -31,6 +31,7 @@ saved config from another machine still loads.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import functools
@@ -561,6 +562,51 @@ def policy_spec(cfg: Config) -> PolicySpec:
 def check_machine(cfg: Config) -> None:
     """Raise ValueError where this machine cannot run ``cfg``: its device, or its precision there."""
     policy_spec(cfg)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A run's settings with what its start decides, resolved once before anything is built
+    (:func:`resolve`); nothing changes them afterwards."""
+
+    cfg: Config
+    """the settings, the task's default keyword arguments and the run name filled in (what the run's config.yaml says)"""
+    spec: PolicySpec
+    """the compute dtype (``--dtype`` on the device) and the LoRA adapters: what the learner, the sampler, the engine and the workers are handed"""
+    update_threads: int
+    """torch threads of pretraining and the updates (``--update-threads``, else the available CPUs per rank, at most 8)"""
+    world: int = 1
+    """processes of a sharded learner (1: one process)"""
+
+    @property
+    def sharded(self) -> bool:
+        return self.world > 1
+
+    @property
+    def train_env_kwargs(self) -> dict[str, Any]:
+        """The training tasks' keyword arguments: ``--env-kwargs`` with ``--train-env-kwargs`` over them."""
+        return {**self.cfg.rollout.env_kwargs, **(self.cfg.rl.train_env_kwargs or {})}
+
+
+def resolve(cfg: Config, *, world: int = 1, now: str | None = None) -> Resolved:
+    """Check ``cfg`` (:func:`validate`) and resolve what the start decides: the task's default
+    keyword arguments, the run name of a new run (``<task>__s<seed>__<date-time>``), the policy
+    spec and the update threads. ``cfg`` itself is left as it is."""
+    import time
+
+    from learner.machine import available_cpus
+
+    validate(cfg)
+    changes: dict[str, Any] = {}
+    if cfg.rollout.env_kwargs is None:
+        changes["rollout"] = dataclasses.replace(cfg.rollout, env_kwargs=cfg.rollout.task_kwargs())
+    if not cfg.run.resume and not cfg.run.run_name:
+        stamp = now or time.strftime("%Y%m%d-%H%M%S")
+        name = f"{cfg.rollout.env_id.split('/')[-1]}__s{cfg.run.seed}__{stamp}"
+        changes["run"] = dataclasses.replace(cfg.run, run_name=name)
+    resolved = dataclasses.replace(cfg, **changes) if changes else copy.deepcopy(cfg)
+    threads = cfg.model.update_threads or max(1, min(8, available_cpus() // max(1, world)))
+    return Resolved(resolved, policy_spec(resolved), threads, max(1, world))
 
 
 def validate(cfg: Config) -> None:

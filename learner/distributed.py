@@ -397,30 +397,53 @@ def decode_update(message: dict[str, Any]) -> tuple[list, np.ndarray, np.ndarray
 
 
 class ShardedLearner:
-    """Rank 0's handle on the sharded learner: each call is a command every rank carries out.
+    """The sharded learner behind :class:`learner.learners.Learner`, as rank 0 drives it: each
+    call that needs the other ranks is a command every rank carries out (:func:`serve`).
 
-    ``policy`` is this rank's sharded policy, ``sampler`` rank 0's unsharded copy that plays
-    and evaluates; ``update_fn(trajs, weights, ages, on_policy, shard)`` runs one update on
-    this rank (``train.py``'s, with its loss settings).
+    ``trained`` is this rank's sharded policy; ``policy`` rank 0's unsharded copy that plays and
+    evaluates (None on the other ranks); ``step`` (a :class:`learner.learners.UpdateStep`) runs
+    one update on this rank.
     """
 
-    def __init__(self, policy, sampler, state, update_fn) -> None:
-        self.policy, self.sampler, self.state, self.update_fn = policy, sampler, state, update_fn
+    def __init__(self, trained, policy, state, step) -> None:
+        self.trained, self.policy, self.state, self.step = trained, policy, state, step
         self.world = world_size()
 
-    def update(self, trajs: Sequence, weights, ages, on_policy: bool) -> dict[str, Any]:
+    def update(self, trajs: Sequence, weights, ages, *, on_policy: bool, observe=None) -> dict[str, Any]:
+        """Every rank takes its part of the update. ``observe`` (per-record losses) is not taken:
+        each rank scores only its own sequences."""
         message = encode_update(trajs, weights, ages, on_policy, self.state.scheduler.base_lrs[0])
         broadcast(("update", message))
         return run_update(self, message)
 
-    def gather(self) -> None:
-        """Load the trained weights into rank 0's sampler."""
+    def publish(self) -> None:
+        """Gather the trained weights into rank 0's sampler."""
         broadcast(("gather", None))
-        gather_into(self.policy, self.sampler)
+        gather_into(self.trained, self.policy)
+
+    def reference(self) -> Any:
+        """Rank 0's KL reference (each rank loads its own unsharded copy on first use)."""
+        return self.step.reference()
 
     def save(self, folder: Path) -> None:
+        """Rank 0's sampler as the checkpoint's model, every rank's shards of the weights and of
+        Adam's state, and the run state (its optimizer left to the shards)."""
+        self.policy.save_pretrained(folder / "model")
         broadcast(("save", str(folder)))
-        save_sharded(self.policy, self.state.optimizer, folder)
+        save_sharded(self.trained, self.state.optimizer, folder)
+        self.state.save(folder, optimizer_state={})
+
+    def load(self, folder: Path) -> None:
+        """The run state and this rank's shards (the other ranks read theirs as they start)."""
+        self.state.load(folder)
+        load_sharded(self.trained, self.state.optimizer, folder)
+
+    def release(self) -> None:
+        self.state.release_optimizer()
+        self.step.release_reference()
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if _phase == "started":
@@ -431,7 +454,7 @@ def run_update(learner, message: dict[str, Any]) -> dict[str, Any]:
     trajs, weights, ages, on_policy, base_lr = decode_update(message)
     if learner.state.scheduler.base_lrs[0] != base_lr:
         learner.state.set_lr(base_lr)
-    return learner.update_fn(trajs, weights, ages, on_policy, Shard(rank(), world_size()))
+    return learner.step(trajs, weights, ages, on_policy, Shard(rank(), world_size()))
 
 
 def stream_state(policy, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
@@ -480,9 +503,9 @@ def serve(learner) -> None:
         if command == "update":
             run_update(learner, payload)
         elif command == "gather":
-            gather_into(learner.policy, None)
+            gather_into(learner.trained, None)
         elif command == "save":
-            save_sharded(learner.policy, learner.state.optimizer, Path(payload))
+            save_sharded(learner.trained, learner.state.optimizer, Path(payload))
         elif command in ("stop", "abort"):
             return
         else:  # pragma: no cover - rank 0 sends only the commands above

@@ -1,20 +1,21 @@
-"""A run's held-out evaluations: the periodic validations that pick the policy it delivers
-(``--select best``, kept in ``<run>/best/iter_N/model``), and the test-task evaluations of the
-start of RL, the end and the selected policy (``<run>/eval/<phase>/``)."""
+"""A run's held-out evaluations (:class:`Evaluations`, given what they need: the settings, the
+run folder, the policy, a runner of held-out tasks and the metrics log): the periodic
+validations that pick the policy it delivers (``--select best``, kept in
+``<run>/best/iter_N/model``), and the test-task evaluations of the start of RL, the end and the
+selected policy (``<run>/eval/<phase>/``)."""
 
 from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agents.rollout.seeds import EVAL_SEED_BASE, VALID_SEED_BASE
 from learner.checkpoint import checkpoint_name, clean_stale_temporaries, list_checkpoints, save_checkpoint
-from learner.report import task_turn_diagnostics
-
-if TYPE_CHECKING:
-    from learner.run import Run
+from learner.config import Config
+from learner.report import MetricsLogger, task_turn_diagnostics
 
 logger = logging.getLogger("train")
 
@@ -23,19 +24,6 @@ BEST_DIR = "best"
 
 def best_folder(run_dir: Path, iteration: int) -> Path:
     return run_dir / BEST_DIR / checkpoint_name(iteration)
-
-
-def validate_policy(run: Run) -> dict[str, Any]:
-    """A periodic evaluation on the validation tasks; with ``--select best``, keep the policy if
-    it is the best so far (ties: the later one) in ``best/iter_N/model``, written atomically."""
-    cfg, c = run.cfg, run.state.counters
-    ev = run_eval(run, cfg.eval.episodes, f"iter_{c.iteration}", seed=VALID_SEED_BASE)[0]
-    run.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, "split": "validation", **ev})
-    if cfg.eval.select == "best" and ev["success"] >= c.best_success:
-        save_checkpoint(run.dir / BEST_DIR, c.iteration, lambda tmp: run.policy.save_pretrained(tmp / "model"),
-                        keep=1 << 30)
-        c.best_iteration, c.best_success = c.iteration, float(ev["success"])
-    return ev
 
 
 def prune_best(run_dir: Path, best_iteration: int, upto: int) -> None:
@@ -59,47 +47,75 @@ def restore_best(run_dir: Path, counters) -> None:
         counters.best_iteration, counters.best_success = -1, -1.0
 
 
-def run_eval(run: Run, episodes: int, tag: str, greedy: bool | None = None,
-             seed: int = EVAL_SEED_BASE) -> tuple[dict[str, Any], list]:
-    """Evaluate on held-out tasks (seeds from ``seed``: the test tasks' EVAL_SEED_BASE unless
-    given the validation tasks' VALID_SEED_BASE; neither ever trained on); return a flat
-    dict (success with its 95% Wilson CI, return, invalid rate, turns, the task's probes and the
-    policy diagnostics) and the records."""
-    from agents.evaluate import evaluate
-    from learner.diagnostics import policy_diagnostics
+@dataclass
+class Evaluations:
+    """What a run's evaluations need and what they found: ``runner`` plays held-out tasks (group
+    size 1) with ``policy``; ``evals`` holds each phase's row (the summary reads them)."""
 
-    cfg = run.cfg
-    env_id, env_kwargs = cfg.rollout.env_id, cfg.rollout.env_kwargs
-    greedy = cfg.eval.greedy if greedy is None else greedy
-    result = evaluate(run.policy, env_id, episodes=episodes, seed=seed, greedy=greedy, runner=run.evaluator)
-    out: dict[str, Any] = {
-        "phase": tag, "decoding": "greedy" if greedy else "sampled", "episodes_eval": result.episodes, "first_task_seed": seed,
-        "success": result.success_rate, "success_ci_low": result.success_ci[0], "success_ci_high": result.success_ci[1],
-        "return_mean": result.mean_return, "return_ci_low": result.return_ci[0], "return_ci_high": result.return_ci[1],
-        "invalid_rate": result.invalid_reply_rate, "turns_mean": result.mean_turns,
-        "failed_eval": int(result.stats.get("failed", 0)),
-    }
-    out.update(task_turn_diagnostics(env_id, result.records, env_kwargs))
-    if cfg.eval.diagnostics and not greedy:
-        out.update(policy_diagnostics(run.policy, env_id, env_kwargs, temperature=cfg.rollout.temperature,
-                                      reasoning=cfg.pretrain.reasoning))
-    return out, result.records
+    cfg: Config
+    dir: Path
+    policy: Any
+    runner: Any  # agents.rollout.runner.Runner
+    metrics: MetricsLogger
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def validate(self, counters) -> dict[str, Any]:
+        """A periodic evaluation on the validation tasks; with ``--select best``, keep the policy
+        if it is the best so far (ties: the later one) in ``best/iter_N/model``, written
+        atomically, and point ``counters`` at it."""
+        cfg, c = self.cfg, counters
+        ev = self.run_eval(cfg.eval.episodes, f"iter_{c.iteration}", seed=VALID_SEED_BASE)[0]
+        self.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, "split": "validation", **ev})
+        if cfg.eval.select == "best" and ev["success"] >= c.best_success:
+            save_checkpoint(self.dir / BEST_DIR, c.iteration, lambda tmp: self.policy.save_pretrained(tmp / "model"),
+                            keep=1 << 30)
+            c.best_iteration, c.best_success = c.iteration, float(ev["success"])
+        return ev
 
-def evaluate_phase(run: Run, tag: str, episodes: int, both: bool, extra: dict[str, Any] | None = None) -> None:
-    """Run the evaluation of a phase (and, if ``both``, the other decoding mode too), log (with
-    ``extra``) and save it."""
-    from agents.evaluate import save_gifs
-    from agents.record import save_records
+    def run_eval(self, episodes: int, tag: str, greedy: bool | None = None,
+                 seed: int = EVAL_SEED_BASE) -> tuple[dict[str, Any], list]:
+        """Evaluate on held-out tasks (seeds from ``seed``: the test tasks' EVAL_SEED_BASE unless
+        given the validation tasks' VALID_SEED_BASE; neither ever trained on); return a flat
+        dict (success with its 95% Wilson CI, return, invalid rate, turns, the task's probes and
+        the policy diagnostics) and the records."""
+        from agents.evaluate import evaluate
+        from learner.diagnostics import policy_diagnostics
 
-    cfg, c = run.cfg, run.state.counters
-    modes = [cfg.eval.greedy] + ([not cfg.eval.greedy] if both else [])
-    for k, greedy in enumerate(modes):
-        key = tag if k == 0 else f"{tag}_{'greedy' if greedy else 'sampled'}"
-        run.evals[key], records = run_eval(run, episodes, key, greedy)
-        run.evals[key].update(extra or {})
-        run.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, **run.evals[key]})
-        folder = run.dir / "eval" / key
-        save_records(records, folder)
-        if run.policy.is_vision and cfg.eval.gifs > 0:
-            save_gifs(records, folder, limit=cfg.eval.gifs)
+        cfg = self.cfg
+        env_id, env_kwargs = cfg.rollout.env_id, cfg.rollout.env_kwargs
+        greedy = cfg.eval.greedy if greedy is None else greedy
+        result = evaluate(self.policy, env_id, episodes=episodes, seed=seed, greedy=greedy, runner=self.runner)
+        out: dict[str, Any] = {
+            "phase": tag, "decoding": "greedy" if greedy else "sampled", "episodes_eval": result.episodes,
+            "first_task_seed": seed, "success": result.success_rate, "success_ci_low": result.success_ci[0],
+            "success_ci_high": result.success_ci[1], "return_mean": result.mean_return,
+            "return_ci_low": result.return_ci[0], "return_ci_high": result.return_ci[1],
+            "invalid_rate": result.invalid_reply_rate, "turns_mean": result.mean_turns,
+            "failed_eval": int(result.stats.get("failed", 0)),
+        }
+        out.update(task_turn_diagnostics(env_id, result.records, env_kwargs))
+        if cfg.eval.diagnostics and not greedy:
+            out.update(policy_diagnostics(self.policy, env_id, env_kwargs, temperature=cfg.rollout.temperature,
+                                          reasoning=cfg.pretrain.reasoning))
+        return out, result.records
+
+    def phase(self, tag: str, episodes: int, both: bool, counters, extra: dict[str, Any] | None = None) -> None:
+        """Run the evaluation of a phase (and, if ``both``, the other decoding mode too), log (with
+        ``extra``) and save it."""
+        from agents.evaluate import save_gifs
+        from agents.record import save_records
+
+        cfg, c = self.cfg, counters
+        modes = [cfg.eval.greedy] + ([not cfg.eval.greedy] if both else [])
+        for k, greedy in enumerate(modes):
+            key = tag if k == 0 else f"{tag}_{'greedy' if greedy else 'sampled'}"
+            self.evals[key], records = self.run_eval(episodes, key, greedy)
+            self.evals[key].update(extra or {})
+            self.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, **self.evals[key]})
+            folder = self.dir / "eval" / key
+            save_records(records, folder)
+            if self.policy.is_vision and cfg.eval.gifs > 0:
+                save_gifs(records, folder, limit=cfg.eval.gifs)
+
+    def close(self) -> None:
+        self.runner.close()

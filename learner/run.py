@@ -31,14 +31,14 @@ import torch
 
 from agents.rollout.seeds import EVAL_SEED_BASE, counter_seed, train_seed
 from learner import distributed
-from learner.build import (check_reasoning, load_policy, load_sharded_learner, reference_policy, think_span,
-                           trainer_state, update_function)
+from learner.build import build_learner, check_reasoning
 from learner.checkpoint import (CheckpointError, disk_full, disk_full_error, list_checkpoints, resolve_resume,
                                 save_checkpoint)
-from learner.config import Config, lr_factor, policy_spec, to_yaml, validate
-from learner.evaluation import best_folder, evaluate_phase, prune_best, restore_best, validate_policy
-from learner.machine import available_cpus, record_environment, torch_threads
-from learner.replay_log import NullReplayLog, open_replay_log
+from learner.config import Config, Resolved, lr_factor, resolve, to_yaml
+from learner.evaluation import Evaluations, best_folder, prune_best, restore_best
+from learner.learners import Learner
+from learner.machine import record_environment, torch_threads
+from learner.replay_log import open_replay_log
 from learner.report import MetricsLogger, plot_curves, read_metrics, summarize
 from learner.state import TrainerState
 from learner.trackers import parse_report_to
@@ -73,31 +73,39 @@ def train(cfg: Config) -> dict[str, Any]:
 
 @dataclass
 class Run:
-    """What a run holds while it trains (built by :func:`setup`)."""
+    """What a run holds while it trains (built by :func:`setup`): its resolved settings, folder,
+    learner (:class:`learner.learners.Learner`: the policy that samples, the run state, the
+    updates), the collector of training episodes, the evaluations and the logs."""
 
-    cfg: Config
+    settings: Resolved
     dir: Path
-    policy: Any
-    state: TrainerState
-    collector: Any  # agents.rollout.runner.Runner, B x G rollouts
-    evaluator: Any  # agents.rollout.runner.Runner, group size 1, held-out seeds
+    learner: Learner
+    collector: Any  # agents.rollout.runner.Runner or a collector with its collect contract, B x G rollouts
+    evaluations: Evaluations
     metrics: MetricsLogger
-    update_threads: int
-    resumed_from: Path | None
-    lock: Any
-    ref: Any = None
-    skip_span: tuple[int, int] | None = None  # token ids (open, close) of spans out of the loss
-    sharded: Any = None  # learner.distributed.ShardedLearner under torchrun (``policy`` is then rank 0's sampler)
-    replay_log: Any = field(default_factory=NullReplayLog)  # learner.replay_log.ReplayLog (no-op without replay)
+    replay_log: Any  # learner.replay_log.ReplayLog (NullReplayLog without replay)
+    lock: Any  # learner.checkpoint.RunLock
+    resumed_from: Path | None = None
     start_report: dict[str, Any] = field(default_factory=dict)
-    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     wall_start: float = field(default_factory=time.monotonic)
 
+    @property
+    def cfg(self) -> Config:
+        return self.settings.cfg
+
+    @property
+    def policy(self) -> Any:
+        """The policy that samples and is evaluated."""
+        return self.learner.policy
+
+    @property
+    def state(self) -> TrainerState:
+        return self.learner.state
+
     def close(self) -> None:
-        if self.sharded is not None:
-            self.sharded.stop()  # the other ranks leave their command loop
+        self.learner.close()  # a sharded learner's other ranks leave their command loop
         self.collector.close()
-        self.evaluator.close()
+        self.evaluations.close()
         self.replay_log.close()
         self.metrics.close()
         self.lock.release()
@@ -105,24 +113,22 @@ class Run:
 
 # -- setup -------------------------------------------------------------------------------------
 def setup(cfg: Config) -> Run:
-    """Check, then create or reopen the run folder, the start model, the run state and the
-    runners. Nothing is written before every check has passed. Fills in what the settings leave
-    to the start (the task's default keyword arguments, the run name), so the ``config.yaml``
-    it writes says what the run does."""
+    """Check and resolve the settings (:func:`learner.config.resolve`: the task's default keyword
+    arguments, the run name, the policy spec, the threads), then create or reopen the run folder,
+    the start model, the learner and the runners. Nothing is written before every check has
+    passed; the ``config.yaml`` it writes is the resolved settings, so it says what the run does."""
     import envs
     from agents.rollout.collector import build_collector
     from agents.policies.policy import configure_threads
     from learner.checkpoint import RunLock, loading, verify_resume
 
     started = time.monotonic()  # the session's wall time counts the start model's pretraining too
-    validate(cfg)
-    if cfg.rollout.env_kwargs is None:
-        cfg.rollout = dataclasses.replace(cfg.rollout, env_kwargs=cfg.rollout.task_kwargs())
+    r = resolve(cfg, world=distributed.world_size())
+    cfg = r.cfg
     env_id, env_kwargs = cfg.rollout.env_id, cfg.rollout.env_kwargs
-    train_kwargs = {**env_kwargs, **(cfg.rl.train_env_kwargs or {})}  # the training tasks' (a curriculum's)
     if cfg.rl.train_env_kwargs:  # a curriculum the task cannot build fails here, not at the first collect
         try:
-            envs.make(env_id, **train_kwargs).close()
+            envs.make(env_id, **r.train_env_kwargs).close()
         except (TypeError, ValueError) as exc:
             raise ValueError(f"--train-env-kwargs {json.dumps(cfg.rl.train_env_kwargs)}: {env_id} cannot be built "
                              f"with them: {exc}") from exc
@@ -130,8 +136,6 @@ def setup(cfg: Config) -> Run:
     if cfg.pretrain.reasoning != "none":
         check_reasoning(cfg, env_kwargs)
     configure_threads(cfg.model.threads)
-    spec = policy_spec(cfg)
-    update_threads = cfg.model.update_threads or max(1, min(8, available_cpus()))
     resume = resolve_resume(cfg.run.resume) if cfg.run.resume else None
     if resume is not None:
         manifest = verify_resume(resume)
@@ -141,38 +145,28 @@ def setup(cfg: Config) -> Run:
             raise CheckpointError(f"{resume} is not inside its run folder ({', '.join(map(str, missing))} missing): "
                                   "resume a checkpoint in place, under <run>/checkpoints/")
     else:
-        task = env_id.split("/")[-1]
-        cfg.run.run_name = cfg.run.run_name or f"{task}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.run.runs_root) / cfg.run.run_name
         if list_checkpoints(run_dir / "checkpoints"):
             raise FileExistsError(f"{run_dir} already has checkpoints: pass --resume {run_dir} or another --run-name")
     lock = RunLock(run_dir)
     try:
-        training = dataclasses.replace(cfg.rollout, env_kwargs=train_kwargs)
-        model_path, start_report = start_model(cfg, resume, modality, update_threads)
-        sharded = distributed.is_distributed()
-        if sharded:  # the other ranks build their shards of the same start
+        model_path, start_report = start_model(cfg, resume, modality, r.update_threads)
+        if r.sharded:  # the other ranks build their shards of the same start
             distributed.broadcast(("start", (str(model_path), str(run_dir), None if resume is None else str(resume))))
         seed_everything(cfg.run.seed)
         with loading(model_path):
-            if sharded:
-                policy = load_policy(cfg, model_path, spec, sampler=True)  # rank 0 plays and evaluates with it
-                learner_policy = load_sharded_learner(cfg, model_path, spec)
-            else:
-                policy = learner_policy = load_policy(cfg, model_path, spec)
+            learner = build_learner(r, model_path, run_dir)
+        policy = learner.policy
         if policy.is_vision != (modality == "vision"):
             raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
                              f"{env_id} is a {modality} task")
-        state = trainer_state(cfg, learner_policy, cfg.replay)
         if resume is not None:
-            state.load(resume)
-            if sharded:
-                distributed.load_sharded(learner_policy, state.optimizer, resume)
-            restore_best(run_dir, state.counters)
+            learner.load(resume)
+            restore_best(run_dir, learner.state.counters)
         resumed_at = None if resume is None else int(manifest["iteration"])
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-        record_environment(run_dir, torch.get_num_threads(), update_threads, resumed_at, str(policy.device))
+        record_environment(run_dir, torch.get_num_threads(), r.update_threads, resumed_at, str(policy.device))
         metrics = MetricsLogger(run_dir, cfg.run.tensorboard, resume_iteration=resumed_at,
                                 report_to=parse_report_to(cfg.run.report_to, cfg.run.tensorboard))
         replay = cfg.replay
@@ -181,27 +175,25 @@ def setup(cfg: Config) -> Run:
                                      header={"alpha": replay.alpha, "tau": replay.tau, "replay_ratio": replay.ratio,
                                              "clip": [cfg.loss.clip_low, cfg.loss.clip_high], "env_id": env_id})
         scale = cfg.scale
-        collector = build_collector(policy, model_path, training, spec=spec, seed=cfg.run.seed, workers=scale.rollout_workers,
-                                    shards=scale.rollout_shards, asynchronous=scale.async_collect,
-                                    max_staleness=scale.max_staleness, steps_per_iteration=cfg.steps_per_iteration(),
-                                    plan=lambda i: collect_request(cfg, i), start_iteration=state.counters.iteration,
+        training = dataclasses.replace(cfg.rollout, env_kwargs=r.train_env_kwargs)
+        collector = build_collector(policy, model_path, training, spec=r.spec, seed=cfg.run.seed,
+                                    workers=scale.rollout_workers, shards=scale.rollout_shards,
+                                    asynchronous=scale.async_collect, max_staleness=scale.max_staleness,
+                                    steps_per_iteration=cfg.steps_per_iteration(),
+                                    plan=lambda i: collect_request(cfg, i), start_iteration=learner.state.counters.iteration,
                                     engine=cfg.engine, max_restarts=scale.max_restarts,
                                     log_path=run_dir / "vllm_engine.log", worker_gpus=scale.worker_gpus)
     except BaseException:
         lock.release()
         raise
-    skip_span = None if cfg.rl.think_loss else think_span(policy)
-    learner = None
-    if sharded:
-        learner = distributed.ShardedLearner(learner_policy, policy, state,
-                                             update_function(cfg, learner_policy, state, run_dir, skip_span, spec))
-    run = Run(cfg, run_dir, policy, state, collector, cfg.rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1),
-              metrics, update_threads, resume, lock, start_report=start_report, skip_span=skip_span, sharded=learner,
-              replay_log=replay_log, wall_start=started)
+    evaluations = Evaluations(cfg, run_dir, policy, cfg.rollout.runner(policy, seed=EVAL_SEED_BASE, group_size=1),
+                              metrics)
+    run = Run(r, run_dir, learner, collector, evaluations, metrics, replay_log, lock, resumed_from=resume,
+              start_report=start_report, wall_start=started)
     if resume is not None:
         for row in read_metrics(run_dir / "metrics.jsonl"):
             if row.get("kind") == "eval" and str(row.get("phase")).startswith("baseline"):
-                run.evals[row["phase"]] = row
+                evaluations.evals[row["phase"]] = row
     print(f"run folder: {run_dir} (its settings: {run_dir / 'config.yaml'})")
     return run
 
@@ -237,7 +229,7 @@ def start_of_rl(run: Run) -> None:
     if cfg.pretrains_given_model():
         from learner.pretrain import pretrain
 
-        with torch_threads(run.update_threads):
+        with torch_threads(run.settings.update_threads):
             run.start_report = pretrain(run.policy, cfg.rollout.env_id, cfg.rollout.env_kwargs, cfg.pretrain,
                                         seed=cfg.run.model_seed(), micro_batch=cfg.rl.micro(),
                                         progress=cfg.run.progress)
@@ -248,7 +240,7 @@ def start_of_rl(run: Run) -> None:
         print(f"pretraining on {trained_on(rep, cfg.rollout.env_id)}: {steps_phrase(rep)}{success_phrase(rep)} in "
               f"{rep['pretrain_seconds']:.0f} s{' (cached)' if rep.get('cached') else ''}, loss "
               f"{rep['pretrain_loss_first']:.3f} -> {rep['pretrain_loss_last']:.3f}{exact_phrase(rep, cfg)}")
-    evaluate_phase(run, "baseline", cfg.eval.final_episodes, cfg.eval.both)
+    run.evaluations.phase("baseline", cfg.eval.final_episodes, cfg.eval.both, run.state.counters)
     run.policy.save_pretrained(run.dir / "reference")  # the KL reference: the policy RL starts from
     write_checkpoint(run)
 
@@ -259,8 +251,7 @@ def loop(run: Run) -> None:
     from tqdm.auto import tqdm
 
     cfg, c = run.cfg, run.state.counters
-    if run.ref is None and cfg.loss.kl_coef != 0.0 and run.sharded is None:
-        run.ref = reference_policy(run.policy, run.dir, policy_spec(cfg))
+    run.learner.reference()  # the KL reference, which start_of_rl wrote, loaded before the first update
     iterations = cfg.run.planned_iterations()
     by_iter = iterations is not None
     budget = cfg.run.time_budget
@@ -271,7 +262,7 @@ def loop(run: Run) -> None:
             row = iteration(run)
             run.metrics.log(row)
             if cfg.eval.every and c.iteration % cfg.eval.every == 0:
-                ev = validate_policy(run)
+                ev = run.evaluations.validate(c)
                 bar.write(f"iter {c.iteration}: validation success {ev['success']:.2f} "
                           f"[{ev['success_ci_low']:.2f}, {ev['success_ci_high']:.2f}]"
                           f"{' (best so far)' if c.best_iteration == c.iteration else ''}")
@@ -324,8 +315,7 @@ def iteration(run: Run) -> dict[str, Any]:
                 replays[-1].get(run.state.tau_controller.metric)):
             buffer.set_tau(run.state.tau_controller.tau)
     t3 = time.monotonic()
-    if run.sharded is not None:  # the sampler takes the sharded learner's new weights
-        run.sharded.gather()
+    run.learner.publish()  # the sampler takes the new weights (a sharded learner gathers them)
     publish = getattr(run.collector, "publish", None)  # rollout workers / engines take the new weights
     if publish is not None:
         publish(c.global_step)
@@ -359,16 +349,7 @@ def collect_request(cfg: Config, iteration: int) -> dict[str, Any]:
 
 def update(run: Run, trajs: list, weights, ages, on_policy: bool, observe=None) -> dict[str, Any]:
     """One optimizer step on ``trajs`` (every rank's part of it under torchrun)."""
-    from learner.update import policy_update
-
-    cfg = run.cfg
-    if run.sharded is not None:  # every rank takes its part (learner/distributed.py)
-        return run.sharded.update(trajs, weights, ages, on_policy)
-    with torch_threads(run.update_threads):
-        return policy_update(run.policy, run.ref, run.state.optimizer, run.state.scheduler, trajs, weights, ages,
-                             loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro(),
-                             max_grad_norm=cfg.rl.max_grad_norm, on_policy=on_policy, skip_span=run.skip_span,
-                             scaler=run.state.scaler, observe=observe)
+    return run.learner.update(trajs, weights, ages, on_policy=on_policy, observe=observe)
 
 
 def base_priorities(cfg: Config, records: list) -> np.ndarray:
@@ -429,12 +410,7 @@ def log_row(run: Run, records: list, collected: dict[str, float], upd: dict[str,
 
 def write_checkpoint(run: Run) -> Path:
     def write(folder: Path) -> None:
-        run.policy.save_pretrained(folder / "model")
-        if run.sharded is not None:  # every rank writes its shards of the weights and of Adam's state
-            run.sharded.save(folder)
-            run.state.save(folder, optimizer_state={})
-        else:
-            run.state.save(folder)
+        run.learner.save(folder)  # the model and the run state (a sharded learner's shards on every rank)
         (folder / "config.yaml").write_text(to_yaml(run.cfg), encoding="utf-8")
 
     c = run.state.counters
@@ -450,21 +426,21 @@ def finish(run: Run) -> dict[str, Any]:
     best = cfg.eval.select == "best"
     if best and cfg.eval.every and c.best_iteration != c.iteration \
             and (c.iteration % cfg.eval.every or c.best_iteration < 0):
-        validate_policy(run)  # the last iteration is a candidate too (a time budget ends anywhere)
+        run.evaluations.validate(c)  # the last iteration is a candidate too (a time budget ends anywhere)
     newest = list_checkpoints(run.dir / "checkpoints")
     if not newest or newest[-1].name != f"iter_{c.iteration:06d}":
         write_checkpoint(run)
-    evaluate_phase(run, "final", cfg.eval.final_episodes, cfg.eval.both)
+    run.evaluations.phase("final", cfg.eval.final_episodes, cfg.eval.both, c)
     selected = None
     if best and 0 <= c.best_iteration < c.iteration:
         from agents.policies.weights import load_weights_into
 
         selected = best_folder(run.dir, c.best_iteration)
-        run.state.release_optimizer()  # after the last checkpoint nothing trains on: free Adam's state first
-        run.ref = None
+        run.learner.release()  # after the last checkpoint nothing trains on: free Adam's state first
         load_weights_into(run.policy, selected / "model")  # in place: no second copy of the model
-        evaluate_phase(run, "selected", cfg.eval.final_episodes, cfg.eval.both, {"policy_iteration": c.best_iteration})
-    summary = summarize(run.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
+        run.evaluations.phase("selected", cfg.eval.final_episodes, cfg.eval.both, c,
+                              {"policy_iteration": c.best_iteration})
+    summary = summarize(run.evaluations.evals, dataclasses.asdict(c), time.monotonic() - run.wall_start)
     summary["agent"] = str((selected or list_checkpoints(run.dir / "checkpoints")[-1]) / "model")
     summary["selected_iteration"] = c.best_iteration if selected is not None else c.iteration
     start = pretrain_line(run)

@@ -100,7 +100,7 @@ def test_a_bf16_iteration_trains_on_the_cpu_with_fp32_master_weights(tmp_path: P
         assert all(p.dtype == torch.float32 for p in run.policy.model.parameters())  # master weights
         learner.run.start_of_rl(run)
         learner.run.loop(run)
-        assert next(run.ref.model.parameters()).dtype == torch.bfloat16  # the reference: compute dtype, frozen
+        assert next(run.learner.reference().model.parameters()).dtype == torch.bfloat16  # the reference: compute dtype, frozen
         state = run.state.optimizer.state
         assert state and all(s["exp_avg"].dtype == torch.float32 for s in state.values())
     finally:

@@ -545,9 +545,10 @@ def test_a_curriculum_changes_the_training_tasks_and_not_the_held_out_ones(tmp_p
     cfg = tiny_config(tmp_path, run_name="cur", env_id="freshper/Sokoban-v0", iterations=1, eval_every=0,
                       train_env_kwargs={"max_solution_moves": 2})
     run = learner.run.setup(cfg)
+    cfg = run.cfg  # the resolved settings: the task's keyword arguments filled in
     try:
         trained, _ = run.collector.collect(**learner.run.collect_request(cfg, 0), policy_version=0)
-        held_out, _ = run.evaluator.collect([EVAL_SEED_BASE + k for k in range(6)], policy_version=0)
+        held_out, _ = run.evaluations.runner.collect([EVAL_SEED_BASE + k for k in range(6)], policy_version=0)
     finally:
         run.close()
 
