@@ -102,6 +102,55 @@ def _threads(envs_: list, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+_ECHO = r"""
+import socket
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(1)
+print(server.getsockname()[1], flush=True)
+conn, _ = server.accept()
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while data := conn.recv(65536):
+    conn.sendall(data)
+"""
+
+
+def _round_trips(url: str, n: int = 1000) -> list[str]:
+    """Microseconds per round trip: raw TCP to an echo process (the floor), then the served
+    task's ``/health`` (answered on the event loop) and a trivial call (answered in the pool)."""
+    import json
+    import socket
+
+    from envs.wire import KeepAlive
+
+    lines = []
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    try:
+        with socket.create_connection(("127.0.0.1", int(echo.stdout.readline()))) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                sock.sendall(b"x" * 200)
+                sock.recv(65536)
+            lines.append(f"raw TCP echo to another process: {(time.perf_counter() - t0) / n * 1e6:.0f} us")
+    finally:
+        echo.wait(timeout=10)
+    conn = KeepAlive(url)
+    sid = json.loads(conn.request("POST", "/sessions", b"{}", timeout=30, cap=1 << 20)[1])["session"]
+    conn.request("POST", f"/sessions/{sid}/reset", b'{"seed": 0}', timeout=30, cap=1 << 20)
+    for what, method, path, body in (("GET /health (on the event loop)", "GET", "/health", None),
+                                     ("a render_text call (in the pool)", "POST", f"/sessions/{sid}/call",
+                                      b'{"method": "render_text"}')):
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        for _ in range(n):
+            conn.request(method, path, body, timeout=30, cap=1 << 20)
+        lines.append(f"{what}: {(time.perf_counter() - t0) / n * 1e6:.0f} us, the client's CPU "
+                     f"{(time.thread_time() - cpu0) / n * 1e6:.0f} us")
+    conn.request("DELETE", f"/sessions/{sid}", timeout=30, cap=1 << 20)
+    conn.close()
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="freshper/FrozenLake-v0")
@@ -156,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if profiles:
             print("where a served step's time goes (per step, batched steps, each reset its own request):")
             print("\n".join(profiles))
+            print("round trips:")
+            print("\n".join(_round_trips(url)))
     finally:
         if proc is not None:
             proc.terminate()

@@ -451,7 +451,7 @@ class TaskService:
         if options is not None and not isinstance(options, dict):
             raise ServeError(400, "'options' must be a JSON object or null")
         obs, info = env.reset(seed=seed, options=options)
-        return {"observation": encode_observation(obs), "info": jsonable(info)}
+        return {"observation": encode_observation(obs), "info": info}
 
     @staticmethod
     def _step(env: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -465,7 +465,7 @@ class TaskService:
         except RuntimeError as exc:  # e.g. a step after the episode ended
             raise ServeError(409, _clip(str(exc), 500)) from None
         return {"observation": encode_observation(obs), "reward": float(reward), "terminated": bool(terminated),
-                "truncated": bool(truncated), "info": jsonable(info)}
+                "truncated": bool(truncated), "info": info}
 
     @staticmethod
     def _call(env: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -482,7 +482,7 @@ class TaskService:
             raise ServeError(400, _clip(f"{method}: {exc}", 300)) from None
         if method == "render_image":
             return {"result": encode_image(result)}
-        return {"result": jsonable(result)}
+        return {"result": result}
 
     def batch(self, body: dict[str, Any]) -> dict[str, Any]:
         calls = body.get("calls")
@@ -522,8 +522,20 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _plain(value: Any) -> Any:
+    """What JSON cannot write itself, as :func:`jsonable` writes it (numpy values, other objects)."""
+    return jsonable(value.tolist() if isinstance(value, np.ndarray) else
+                    value.item() if isinstance(value, np.generic) else value)
+
+
 def _encode(payload: dict[str, Any]) -> bytes:
-    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    """An answer as UTF-8 JSON, its values as :func:`jsonable` makes them: written directly when
+    it holds plain values (the common case, without copying it first), through :func:`jsonable`
+    when it holds a non-finite float or a key JSON cannot write."""
+    try:
+        return json.dumps(payload, ensure_ascii=False, allow_nan=False, default=_plain).encode("utf-8")
+    except (ValueError, TypeError):
+        return json.dumps(jsonable(payload), ensure_ascii=False).encode("utf-8")
 
 
 class TaskApp:
