@@ -18,6 +18,7 @@ Ratios are served / in-process.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -151,6 +152,15 @@ def _round_trips(url: str, n: int = 1000) -> list[str]:
     return lines
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds of process ``pid`` so far (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="freshper/FrozenLake-v0")
@@ -189,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 e.close()
             remote = [gym.make(remote_id, url=url) for _ in range(n)]
             split: dict[str, float] = {}
+            cpu0 = _cpu_seconds(proc.pid) if proc is not None else None
             batched = _lockstep(remote, args.seconds, batched=True, split=split)
+            cpu1 = _cpu_seconds(proc.pid) if proc is not None else None
             both = _lockstep(remote, args.seconds, batched=True, batch_resets=True)
             threaded = _threads(remote, args.seconds)
             for e in remote:
@@ -201,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                 profiles.append(f"{n:>8}  in-process {1e6 / base:5.0f} us/step; served (batched steps) "
                                 f"{split['wall'] / split['steps'] * 1e6:5.0f} us/step = batch requests "
                                 f"{per['batch requests']:4.0f} + stepping {per['stepping']:4.0f} + resets "
-                                f"{per['resets']:4.0f}; the client's CPU {per['client_cpu']:4.0f}")
+                                f"{per['resets']:4.0f}; the client's CPU {per['client_cpu']:4.0f}"
+                                + (f", the server's {(cpu1 - cpu0) / split['steps'] * 1e6:4.0f}"
+                                   if cpu0 is not None and cpu1 is not None else ""))
         if profiles:
             print("where a served step's time goes (per step, batched steps, each reset its own request):")
             print("\n".join(profiles))
