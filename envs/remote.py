@@ -17,9 +17,11 @@ rewards and ``info``, and the task contract's text methods (``legal_actions``,
 served task can be pretrained on too; ``sample_reply(rng)`` draws locally from the served
 ``effective_actions`` exactly as the task would. Runners that step a turn's envs together
 (:func:`MultiTurnEnv.before_batch_step`) send the whole turn to each server as one ``/batch``
-request, and resets announced together (:func:`MultiTurnEnv.before_batch_reset`) go as one too. The optional text capabilities (:mod:`envs.capabilities`) are answered by the served
-task, a missing one with :class:`envs.capabilities.MissingCapability` (a ``NotImplementedError``)
-on the call (the client cannot know beforehand).
+request, and resets announced together (:func:`MultiTurnEnv.before_batch_reset`) go as one
+too. Each env keeps one keep-alive connection (:class:`envs.wire.KeepAlive`). The optional text
+capabilities (:mod:`envs.capabilities`) are answered by the served task, a missing one with
+:class:`envs.capabilities.MissingCapability` (a ``NotImplementedError``) on the call (the
+client cannot know beforehand).
 Not available remotely: ``counterfactual_probes`` and ``turn_diagnostics`` (the defaults: none).
 
 Faults: the server is retried while it cannot be reached (``client_retries`` times, with
