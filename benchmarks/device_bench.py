@@ -48,11 +48,11 @@ def time_pretraining(model: Path, device: str, steps: int, seed: int, env_id: st
 
     from agents.policies.policy import Policy
     from agents.rollout.runner import default_env_kwargs
-    from learner.pretrain import PretrainConfig, pretrain
+    from learner.pretrain import PretrainSettings, pretrain
 
     policy = Policy.from_pretrained(model, device=device)
     torch.manual_seed(seed)
-    report = pretrain(policy, env_id, default_env_kwargs(env_id, "window:0"), PretrainConfig(steps=steps), seed=seed)
+    report = pretrain(policy, env_id, default_env_kwargs(env_id, "window:0"), PretrainSettings(steps=steps), seed=seed)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     out = Path(tempfile.mkdtemp(prefix=f"device_bench_{device.replace(':', '_')}_"))

@@ -28,11 +28,11 @@ import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 from agents.policies.policy import Policy
 from agents.policies.tiny import build_tiny_model
-from learner.pretrain import PretrainConfig, pretrain
+from learner.pretrain import PretrainSettings, pretrain
 policy = Policy.from_pretrained(build_tiny_model("text"))
 torch.manual_seed(0)
 t = time.monotonic()
-pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, PretrainConfig(steps=int(sys.argv[2]), batch=64), seed=0)
+pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, PretrainSettings(steps=int(sys.argv[2]), batch=64), seed=0)
 print(time.monotonic() - t)
 """
 

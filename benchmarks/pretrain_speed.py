@@ -25,7 +25,7 @@ from envs.capabilities import REASONINGS
 def interleaved_step_seconds(jobs: dict, env_id: str, kwargs: dict, rounds: int, seed: int = 0,
                              log: bool = False) -> dict[str, list[float]]:
     """Seconds of every pretraining step (``learner.pretrain``) of each ``jobs[name] = (policy,
-    PretrainConfig)``, the jobs taking turns for ``rounds`` rounds (round ``k`` with seed
+    PretrainSettings)``, the jobs taking turns for ``rounds`` rounds (round ``k`` with seed
     ``seed + k``) so they share the machine's load. The first step of a round warms up and is
     left out, and so are the held-out losses ``pretrain`` measures before and after."""
     from learner.pretrain import pretrain
@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     from agents.policies.policy import Policy
     from agents.rollout.runner import default_env_kwargs
     from agents.policies.tiny import build_tiny_model
-    from learner.pretrain import PretrainConfig
+    from learner.pretrain import PretrainSettings
 
     kwargs = default_env_kwargs(args.env_id, "window:0")
     base = build_tiny_model(envs.task_spec(args.env_id).modality, seed=args.seed)
-    jobs = {mode: (Policy.from_pretrained(base), PretrainConfig(steps=args.steps, reasoning=mode)) for mode in args.reasoning}
+    jobs = {mode: (Policy.from_pretrained(base), PretrainSettings(steps=args.steps, reasoning=mode)) for mode in args.reasoning}
     per_step = interleaved_step_seconds(jobs, args.env_id, kwargs, args.rounds, seed=args.seed, log=True)
     first = float(np.median(per_step[args.reasoning[0]]))
     print(f"{'reasoning':<12} {'steps':>6} {'s/step (median)':>16} {'vs ' + args.reasoning[0]:>14}")

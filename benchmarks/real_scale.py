@@ -307,7 +307,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     from agents.policies.lora import LoraSettings, add_lora
     from agents.policies.policy import Policy
     from agents.policies.precision import resolve_dtype
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     import learner.prefix
     from learner.update import AdapterReference, policy_update
 
@@ -330,7 +330,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     opt = torch.optim.Adam([p for p in policy.model.parameters() if p.requires_grad], lr=1e-6)
     records = make_records(policy, args)
     n = len(records)
-    loss_cfg = LossConfig(kl_coef=KL)
+    loss_cfg = LossSettings(kl_coef=KL)
 
     def grpo():
         return policy_update(policy, ref, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=loss_cfg,
@@ -363,7 +363,7 @@ def run_sharded(folder: Path, feat: dict[str, Any], args: argparse.Namespace) ->
     from agents.policies.policy import Policy
     from agents.policies.precision import resolve_dtype
     from learner import distributed
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     from learner.update import AdapterReference, policy_update
 
     device = distributed.init(args.device)
@@ -384,7 +384,7 @@ def run_sharded(folder: Path, feat: dict[str, Any], args: argparse.Namespace) ->
         ref = Policy.from_pretrained(folder, device=device, dtype=compute)
         ref.model.requires_grad_(False)
     opt = torch.optim.Adam([p for p in policy.model.parameters() if p.requires_grad], lr=1e-6)
-    n, shard, loss_cfg = len(records), distributed.Shard(distributed.rank(), distributed.world_size()), LossConfig(kl_coef=KL)
+    n, shard, loss_cfg = len(records), distributed.Shard(distributed.rank(), distributed.world_size()), LossSettings(kl_coef=KL)
 
     def update(on_policy: bool):
         weights = np.ones(n) if on_policy else np.linspace(0.5, 1.5, n)

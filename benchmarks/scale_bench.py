@@ -43,7 +43,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py sets it, befo
 import torch
 
 from agents.policies.policy import Policy, configure_threads
-from agents.rollout.runner import RolloutConfig
+from agents.rollout.runner import RolloutSettings
 from agents.policies.tiny import build_tiny_model
 
 SEARCH = "freshper/SearchQA-v0"
@@ -63,7 +63,7 @@ def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
     return proc, line.split(" at ")[1].strip().removesuffix("/retrieve")
 
 
-def searching_model(folder: Path, rollout: RolloutConfig) -> Path:
+def searching_model(folder: Path, rollout: RolloutSettings) -> Path:
     """The tiny model after supervised steps towards searching on every turn for a few random
     words of the question (see the docstring): its sampled queries differ between episodes and
     turns, so the retrievers' query caches seldom answer for the server."""
@@ -103,7 +103,7 @@ def table(rows: list[dict[str, str]]) -> None:
     print(flush=True)
 
 
-def bench_collect(model: Path, rollout: RolloutConfig, tasks: int, repeats: int) -> list[dict[str, str]]:
+def bench_collect(model: Path, rollout: RolloutSettings, tasks: int, repeats: int) -> list[dict[str, str]]:
     """Episodes/s of one B x G collect per setting; the settings take turns in every repeat, so a
     change of the machine's load falls on all of them alike."""
     from agents.policies.spec import PolicySpec
@@ -134,7 +134,7 @@ def bench_collect(model: Path, rollout: RolloutConfig, tasks: int, repeats: int)
              "vs in process": f"{episodes / statistics.median(w) / base:.2f}x"} for name, w in walls.items()]
 
 
-def bench_train(model: Path, rollout: RolloutConfig, tasks: int, iterations: int, runs_root: Path,
+def bench_train(model: Path, rollout: RolloutSettings, tasks: int, iterations: int, runs_root: Path,
                 rounds: int) -> list[dict[str, str]]:
     """train.py runs per setting, the settings taking turns for ``rounds`` rounds; each row is the
     median over its rounds."""
@@ -183,7 +183,7 @@ def bench_vllm(python: str, repeats: int) -> list[dict[str, str]]:
         prompts.append(policy.chat.first_message(obs["text"], []))
     env.close()
     sampler = VLLMSampler(path, eos_token_id=policy.eos_token_id, python=python, max_model_len=1024)
-    rollout = RolloutConfig(LAKE, {"feedback": False}, "window:0", group_size=8, max_new_tokens=6,
+    rollout = RolloutSettings(LAKE, {"feedback": False}, "window:0", group_size=8, max_new_tokens=6,
                             max_context_tokens=1024)
     names = {"project sampler (torch, this process)": policy, "vLLM (CPU build, its own process)": sampler}
     runners = {name: rollout.runner(policy, seed=0, sampler=None if gen is policy else gen) for name, gen in names.items()}
@@ -241,7 +241,7 @@ def main() -> None:
             proc, url = start_server(latency)
             try:
                 env_kwargs = {"retrieval_url": url, "max_turns": 4, "max_searches": 4, "topk": 2, "passage_chars": 150}
-                rollout = RolloutConfig(SEARCH, env_kwargs, "window:0",
+                rollout = RolloutSettings(SEARCH, env_kwargs, "window:0",
                                         group_size=args.group_size, max_new_tokens=10, max_context_tokens=1024)
                 model = searching_model(Path(tmp) / "searcher", rollout)
                 print(f"## Collection: SearchQA, {args.tasks} x {args.group_size} episodes, 4 searching turns, "

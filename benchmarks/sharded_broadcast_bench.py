@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         seconds.append(time.perf_counter() - t0)
     if rank == 0:
-        from learner.loss import LossConfig
+        from learner.loss import LossSettings
         from learner.update import policy_update
 
         ref = Policy.from_pretrained(build_tiny_model("text"))
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(4):
             t0 = time.perf_counter()
             policy_update(policy, ref, optimizer, scheduler, records, np.ones(len(records)), np.zeros(len(records)),
-                          loss_cfg=LossConfig(kl_coef=0.04), on_policy=True)
+                          loss_cfg=LossSettings(kl_coef=0.04), on_policy=True)
             updates.append(time.perf_counter() - t0)
         size = len(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         bcast, update = statistics.median(seconds[1:]), statistics.median(updates[1:])

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from agents.rollout.runner import default_env_kwargs
     from agents.policies.tiny import build_tiny_model, task_model
     from benchmarks.pretrain_speed import interleaved_step_seconds
-    from learner.pretrain import PretrainConfig, TransitionStreams
+    from learner.pretrain import PretrainSettings, TransitionStreams
 
     kwargs = default_env_kwargs(args.env_id, "window:0")
     bases = {"shared": build_tiny_model(envs.task_spec(args.env_id).modality), "task": task_model(args.env_id, kwargs)}
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                       "answer": float(np.mean([len(tok(f" {a}")["input_ids"]) for a in answers])) if answers else float("nan"),
                       "prompt": float(np.mean([len(policy.chat.first_message(p, [])) for p in prompts]))}
 
-    jobs = {name: (policy, PretrainConfig(steps=args.steps, batch=args.batch)) for name, policy in policies.items()}
+    jobs = {name: (policy, PretrainSettings(steps=args.steps, batch=args.batch)) for name, policy in policies.items()}
     per_step = interleaved_step_seconds(jobs, args.env_id, kwargs, args.rounds)
     for name in policies:
         rows[name]["step_s"] = float(np.median(per_step[name]))

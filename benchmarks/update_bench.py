@@ -40,7 +40,7 @@ def main(argv=None) -> None:
 
     from agents.policies.policy import Policy
     from agents.rollout.runner import Runner
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     from learner.prefix import group_prompts, prompt_lengths
 
     if a.prefix_module:
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
     for _ in range(a.reps + 1):
         t = time.perf_counter()
         st = policy_update(policy, ref, optimizer, scheduler, good, np.ones(len(good)), np.zeros(len(good)),
-                           loss_cfg=LossConfig(kl_coef=0.04), micro_batch=a.micro_batch, on_policy=True)
+                           loss_cfg=LossSettings(kl_coef=0.04), micro_batch=a.micro_batch, on_policy=True)
         t_update.append(time.perf_counter() - t)
     print(json.dumps({
         "threads": a.threads, "gen_threads": a.gen_threads or a.threads, "prefix_module": a.prefix_module,

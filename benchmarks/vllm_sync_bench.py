@@ -237,14 +237,14 @@ def rollout_bench(kind: str, root: Path, args: argparse.Namespace) -> dict:
     from agents.policies.spec import PolicySpec
     from agents.rollout.engine import EngineSettings, vllm_sampler
     from agents.policies.policy import Policy
-    from agents.rollout.runner import RolloutConfig
+    from agents.rollout.runner import RolloutSettings
 
     if kind == "text":
         folder, env_id = build_text_model("0.5b", root / "rollout-text", torch.float32), LAKE
     else:
         folder, env_id = build_vision_model(root / "rollout-vision"), LAKE_VISION
     policy = Policy.from_pretrained(folder)
-    rollout = RolloutConfig(env_id, {"max_turns": args.turns, "feedback": False}, "window:0",
+    rollout = RolloutSettings(env_id, {"max_turns": args.turns, "feedback": False}, "window:0",
                             group_size=args.group_size, max_new_tokens=args.new_tokens, max_context_tokens=2048)
     seeds = list(range(args.tasks))
     out = {"kind": kind, "model": "Qwen2.5-0.5B decoder" + (" + 2-layer vision tower" if kind == "image" else "")}

@@ -4,10 +4,10 @@ that uses it, each checking its own values when it is built.
 - ``run`` (:class:`RunSettings`): the run folder, seeds, schedule, checkpoints, logs;
 - ``model`` (:class:`ModelSettings`): the start model, device, precision, threads;
 - ``lora`` (:class:`agents.policies.lora.LoraSettings`): the LoRA adapters (rank 0: none);
-- ``rollout`` (:class:`agents.rollout.runner.RolloutConfig`): the task and how episodes are played;
-- ``pretrain`` (:class:`learner.pretrain.PretrainConfig`): the start model's pretraining;
+- ``rollout`` (:class:`agents.rollout.runner.RolloutSettings`): the task and how episodes are played;
+- ``pretrain`` (:class:`learner.pretrain.PretrainSettings`): the start model's pretraining;
 - ``rl`` (:class:`RLSettings`): the RL iteration: tasks, advantages, optimizer;
-- ``loss`` (:class:`learner.loss.LossConfig`): the GRPO loss;
+- ``loss`` (:class:`learner.loss.LossSettings`): the GRPO loss;
 - ``replay`` (:class:`learner.state.ReplaySettings`): the replay buffer and the replay updates;
 - ``eval`` (:class:`EvalSettings`): held-out evaluations and the delivered policy;
 - ``scale`` (:class:`ScaleSettings`): rollout workers and asynchronous collection;
@@ -42,11 +42,11 @@ from typing import Any, Sequence
 from agents.policies.lora import LoraSettings
 from agents.policies.spec import PolicySpec
 from agents.rollout.engine import EngineSettings
-from agents.rollout.runner import RolloutConfig
+from agents.rollout.runner import RolloutSettings
 from agents.rollout.seeds import MAX_RUN_SEED
 from learner.cli import add_flag, check_type, field_docs, load_config_file
-from learner.loss import LossConfig
-from learner.pretrain import PretrainConfig
+from learner.loss import LossSettings
+from learner.pretrain import PretrainSettings
 from learner.state import ReplaySettings
 
 #: RL iterations of the default run (``python train.py``): with two replay updates per iteration
@@ -287,15 +287,15 @@ class Config:
                                  metadata=_section("the start model, its device, precision and threads"))
     lora: LoraSettings = field(default_factory=LoraSettings,
                                metadata=_section("LoRA adapters (rank 0: every weight trains)", "lora_"))
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(
         "freshper/FrozenLake-v0", None, "window:0", group_size=8, max_new_tokens=8, temperature=1.0,
         max_context_tokens=1024), metadata=_section("the task and how its episodes are played"))
-    pretrain: PretrainConfig = field(default_factory=lambda: PretrainConfig(steps=None, until_exact=None),
+    pretrain: PretrainSettings = field(default_factory=lambda: PretrainSettings(steps=None, until_exact=None),
                                      metadata=_section("the start model's pretraining on the task's own transitions",
                                                        "pretrain_"))
     rl: RLSettings = field(default_factory=RLSettings,
                            metadata=_section("one RL iteration: its tasks, the advantages, the optimizer"))
-    loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.04),
+    loss: LossSettings = field(default_factory=lambda: LossSettings(kl_coef=0.04),
                              metadata=_section("the IS-corrected GRPO loss"))
     replay: ReplaySettings = field(default_factory=lambda: ReplaySettings(mode="fresh"),
                                    metadata=_section("the replay buffer and the replay updates"))

@@ -34,7 +34,7 @@ def age_bucket_name(lo: int, hi: float) -> str:
 
 
 @dataclass
-class LossConfig:
+class LossSettings:
     """The knobs of :func:`grpo_loss`: ``train.py``'s ``loss`` settings (``learner.config``)."""
 
     loss: str = "clip"
@@ -67,7 +67,7 @@ def grpo_loss(
     mask: torch.Tensor,
     advantages: torch.Tensor,
     weights: torch.Tensor | None = None,
-    cfg: LossConfig | None = None,
+    cfg: LossSettings | None = None,
     ref_logp: torch.Tensor | None = None,
     ages: torch.Tensor | None = None,
     num_tokens: float | None = None,
@@ -80,7 +80,7 @@ def grpo_loss(
         mask: ``[B, T]`` 1 on sampled tokens, 0 on prompt, environment and padding tokens.
         advantages: ``[B]`` the stored group-relative advantage of each row's trajectory.
         weights: ``[B]`` PER importance weights (1 for fresh data); default all ones.
-        cfg: loss settings; default :class:`LossConfig`.
+        cfg: loss settings; default :class:`LossSettings`.
         ref_logp: ``[B, T]`` reference-policy log-probs for the KL term (needed if ``kl_coef``).
         ages: ``[B]`` optimizer steps since each row was collected (for per-age ESS stats).
         num_tokens: the token-mean denominator; default ``mask.sum()``. Pass the whole batch's
@@ -91,7 +91,7 @@ def grpo_loss(
         clip fraction, KL, and ``ess/age_<bucket>``: normalised IS effective sample size
         ``(sum rho)^2 / (n sum rho^2)`` per age bucket), which merge across micro-batches.
     """
-    cfg = cfg or LossConfig()
+    cfg = cfg or LossSettings()
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype)[:, None]
     w = torch.ones_like(advantages, dtype=logp.dtype) if weights is None else weights.to(logp.dtype)

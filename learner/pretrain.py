@@ -88,7 +88,7 @@ _LOCKED = {"locked": True}
 
 
 @dataclass
-class PretrainConfig:
+class PretrainSettings:
     """The pretraining recipe: ``train.py``'s ``pretrain`` settings (``learner.config``; flags
     ``--pretrain-*``). ``None`` in ``steps`` or ``until_exact`` is train.py's default, which
     :meth:`recipe` resolves."""
@@ -160,7 +160,7 @@ class PretrainConfig:
         if self.follow_steps and self.seconds is not None:
             raise ValueError("--pretrain-follow-steps builds on a cached first stage: drop --pretrain-seconds")
 
-    def recipe(self) -> "PretrainConfig":
+    def recipe(self) -> "PretrainSettings":
         """This recipe with train.py's defaults resolved: ``steps`` None is 400, ``until_exact``
         None is 0.5 when ``steps`` is None (the embedded default's bar) else 0, ``max_steps``
         None is 0 (four times ``steps``)."""
@@ -414,7 +414,7 @@ def exact_rate(policy, examples: list[Example]) -> float:
     return float(np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, examples)]))
 
 
-def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
+def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainSettings, *, seed: int = 0,
              micro_batch: int = 256, progress: bool = False,
              on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Both stages of ``cfg`` on ``policy`` in place (:func:`pretrain_stage`, then with
@@ -428,7 +428,7 @@ def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pretra
     return report
 
 
-def follow_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig,
+def follow_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainSettings,
                  first: dict[str, Any], *, seed: int = 0, micro_batch: int = 256,
                  progress: bool = False) -> dict[str, Any]:
     """The second stage: ``cfg.follow_steps`` more steps whose format replies' moves follow the
@@ -448,7 +448,7 @@ def follow_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pr
             "pretrain_follow_format_nll_before": second.get("pretrain_format_nll_before", float("nan"))}
 
 
-def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
+def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainSettings, *, seed: int = 0,
                    micro_batch: int = 256, progress: bool = False,
                    on_step: Callable[[int, dict[str, float]], None] | None = None, follow: float = 0.0,
                    first_episode: int = 0) -> dict[str, Any]:
@@ -559,7 +559,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
     }
 
 
-def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig,
+def cache_key(base_model: Path, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainSettings,
               seed: int) -> str:
     recipe = dataclasses.asdict(cfg.recipe())
     if not recipe["observe_fraction"]:  # the recipe before observation examples existed: same models, same keys
@@ -607,7 +607,7 @@ def random_play_digest(env_id: str, env_kwargs: dict[str, Any] | None, turns: in
     return digest.hexdigest()[:16]
 
 
-def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainConfig, *, seed: int = 0,
+def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainSettings, *, seed: int = 0,
                        cache_dir: str | os.PathLike | None = None, micro_batch: int = 256,
                        progress: bool = False, device: str = "cpu", width: int = DEFAULT_WIDTH) -> tuple[Path, dict[str, Any]]:
     """The embedded tiny model of the task (:func:`agents.policies.tiny.task_model`: its modality's, with
@@ -647,7 +647,7 @@ def pretrained_default(env_id: str, env_kwargs: dict[str, Any] | None, cfg: Pret
 
 
 def _build(base: Path, target: Path, root: Path, task: str, env_id: str, env_kwargs: dict[str, Any] | None,
-           cfg: PretrainConfig, seed: int, micro_batch: int, progress: bool,
+           cfg: PretrainSettings, seed: int, micro_batch: int, progress: bool,
            device: str = "cpu", first: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     from agents.policies.policy import Policy
     from agents.policies.tiny import staged_folder
@@ -695,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-id", default="freshper/FrozenLake-v0")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N examples and exit")
-    for f in dataclasses.fields(PretrainConfig):
+    for f in dataclasses.fields(PretrainSettings):
         kind = {"float": float, "float | None": float, "str": str}.get(f.type, int)
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
                             **({"choices": REASONINGS} if f.name == "reasoning" else {}))
@@ -706,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
                                 reasoning=args.reasoning):
             print(f"--- {ex.kind}\n[user]\n{ex.text}\n[assistant]\n{ex.reply}")
         return 0
-    cfg = PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)})
+    cfg = PretrainSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainSettings)})
     path, report = pretrained_default(args.env_id, kwargs, cfg, seed=args.seed, progress=True)
     print(json.dumps({"model": str(path), **report}, indent=1))
     return 0

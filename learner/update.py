@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from learner.batch import batch_logprobs, make_batches, supervised_batches
-from learner.loss import LossConfig, LossStats, grpo_loss
+from learner.loss import LossSettings, LossStats, grpo_loss
 
 
 class AdapterReference:
@@ -57,7 +57,7 @@ def stepped(stats: dict[str, Any]) -> bool:
 
 
 def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: Sequence[float] | np.ndarray,
-                  ages: Sequence[float] | np.ndarray, *, loss_cfg: LossConfig, temperature: float = 1.0,
+                  ages: Sequence[float] | np.ndarray, *, loss_cfg: LossSettings, temperature: float = 1.0,
                   micro_batch: int = 256, max_grad_norm: float = 1.0, on_policy: bool,
                   skip_span: tuple[int, int] | None = None, scaler=None, shard=None, observe=None) -> dict[str, Any]:
     """One optimizer step of the GRPO loss on ``trajs`` (every sampled token carries its

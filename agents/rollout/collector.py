@@ -9,12 +9,12 @@ from typing import Any, Callable
 
 from agents.policies.spec import PolicySpec
 from agents.rollout.engine import EngineSettings, vllm_sampler
-from agents.rollout.runner import RolloutConfig
+from agents.rollout.runner import RolloutSettings
 from agents.rollout.shards import ShardedCollector
 from agents.rollout.workers import RayCollector
 
 
-def build_collector(policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, spec: PolicySpec,
+def build_collector(policy: Any, model_path: str | os.PathLike, rollout: RolloutSettings, *, spec: PolicySpec,
                     seed: int = 0, workers: int = 0, shards: int | None = None, asynchronous: bool = False,
                     max_staleness: int | None = None, steps_per_iteration: int = 1,
                     plan: Callable[[int], dict[str, Any]] | None = None, start_iteration: int = 0,

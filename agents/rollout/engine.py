@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from agents.policies.spec import PolicySpec
-from agents.rollout.runner import RolloutConfig
+from agents.rollout.runner import RolloutSettings
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class EngineSettings:
         return VllmSettings.from_dict(self.vllm_args)
 
 
-def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, seed: int,
+def vllm_sampler(policy: Any, model_path: str | os.PathLike, rollout: RolloutSettings, *, seed: int,
                  engine: EngineSettings, spec: PolicySpec, log_path: str | os.PathLike | None = None) -> Any:
     """A :class:`agents.engines.vllm_client.VLLMSampler` for ``policy`` with ``engine.vllm``: the
     spec's compute dtype (unless the settings name one), the policy's EOS, its never-sampled

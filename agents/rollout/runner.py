@@ -81,7 +81,7 @@ def default_env_kwargs(env_id: str, context: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class RolloutSettings:
     """How episodes are played: one value shared by every phase of a run (pretraining
     prompts, collection, evaluation), so they all see the same prompts. ``train.py``'s
     ``rollout`` settings (``learner.config``); ``locked`` fields cannot change on resume."""

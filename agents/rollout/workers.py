@@ -49,7 +49,7 @@ import numpy as np
 from agents.policies.spec import PolicySpec
 from agents.record import Trajectory
 from agents.rollout.engine import EngineSettings, vllm_sampler
-from agents.rollout.runner import RolloutConfig
+from agents.rollout.runner import RolloutSettings
 from agents.rollout.shards import Shard, merge_stats, plan_shards
 from agents.rollout.transfer import load_numpy_state, numpy_weights, read_folder, state_to_numpy, write_folder
 
@@ -69,7 +69,7 @@ class RolloutWorker:
     """A runner in its own process (a Ray actor): its env pool, a copy of the policy, and
     optionally a vLLM engine. Weights arrive by :meth:`set_weights`; records leave as blobs."""
 
-    def __init__(self, model_files: dict[str, bytes], rollout: RolloutConfig, *, spec: PolicySpec, seed: int = 0,
+    def __init__(self, model_files: dict[str, bytes], rollout: RolloutSettings, *, spec: PolicySpec, seed: int = 0,
                  threads: int | None = None, engine: EngineSettings | None = None) -> None:
         from agents.policies.policy import Policy, configure_threads
 
@@ -191,7 +191,7 @@ class RayCollector:
     synchronously, and whatever was collected ahead is dropped, counted and logged).
     """
 
-    def __init__(self, policy: Any, model_path: str | os.PathLike, rollout: RolloutConfig, *, workers: int,
+    def __init__(self, policy: Any, model_path: str | os.PathLike, rollout: RolloutSettings, *, workers: int,
                  spec: PolicySpec, seed: int = 0, shards: int | None = None, asynchronous: bool = False, max_staleness: int = 1,
                  steps_per_iteration: int = 1, plan: Callable[[int], dict[str, Any]] | None = None,
                  start_iteration: int = 0, engine: EngineSettings | None = None, threads: int | None = None,

@@ -80,7 +80,7 @@ def policy_gradient(policy, records, ref=None, kl_coef: float = 0.0) -> torch.Te
     ``ref`` the KL term is left out; with it, the direction of the KL term alone
     (``kl_coef`` times the k3 KL to ``ref``, the advantages set to 0)."""
     from learner.batch import batch_logprobs, make_batches
-    from learner.loss import LossConfig, grpo_loss
+    from learner.loss import LossSettings, grpo_loss
 
     params = list(policy.model.parameters())
     policy.model.zero_grad(set_to_none=True)
@@ -91,7 +91,7 @@ def policy_gradient(policy, records, ref=None, kl_coef: float = 0.0) -> torch.Te
             with torch.no_grad():
                 ref_lp = batch_logprobs(ref, batch)
             adv = torch.zeros_like(adv)
-        loss, _ = grpo_loss(logp, logp.detach(), batch.mask, adv, batch.weights, LossConfig(kl_coef=kl_coef),
+        loss, _ = grpo_loss(logp, logp.detach(), batch.mask, adv, batch.weights, LossSettings(kl_coef=kl_coef),
                             ref_logp=ref_lp, num_tokens=batch.num_tokens)
         loss.backward()
     g = -flat_grad(params)
@@ -159,7 +159,7 @@ def directions(policy, probes: int, states: int, seed: int) -> dict[str, torch.T
 def measure(model: str, estimators: list[str], batches: int, tasks: int, group: int, probes: int,
             seed: int, reference: str | None = None, kl_coef: float = 0.04) -> dict:
     from agents.policies.policy import Policy
-    from agents.rollout.runner import RolloutConfig
+    from agents.rollout.runner import RolloutSettings
 
     policy = Policy.from_pretrained(model)
     ref = None
@@ -168,7 +168,7 @@ def measure(model: str, estimators: list[str], batches: int, tasks: int, group: 
         ref.model.requires_grad_(False)
         estimators = [*estimators, "kl"]
     dirs, shift, habit = directions(policy, probes, 64, seed)
-    runner = RolloutConfig(ENV_ID, {"feedback": False}, "window:0", group, 8, 1.0).runner(policy, seed=seed)
+    runner = RolloutSettings(ENV_ID, {"feedback": False}, "window:0", group, 8, 1.0).runner(policy, seed=seed)
     proj = {e: {d: [] for d in dirs} for e in estimators}
     norms = {e: [] for e in estimators}
     success = []

@@ -239,12 +239,12 @@ def grpo_step(model, ref, opt, episodes: list[dict], clip: float, kl_coef: float
 
 def project_update(policy, ref_policy, opt, episodes_records, kl_coef: float) -> dict:
     """The trainer's own update (``learner.update.policy_update``) on the trainer's records."""
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     from learner.update import policy_update
 
     n = len(episodes_records)
     st = policy_update(policy, ref_policy, opt, None, episodes_records, np.ones(n), np.zeros(n),
-                       loss_cfg=LossConfig(kl_coef=kl_coef), on_policy=True)
+                       loss_cfg=LossSettings(kl_coef=kl_coef), on_policy=True)
     return {"loss": st.get("loss", 0.0), "kl": st.get("kl", 0.0), "grad_norm": st.get("grad_norm", 0.0)}
 
 
@@ -328,11 +328,11 @@ def run(args) -> None:
     policy = ref_policy = None
     if args.use_runner or args.use_update:  # the trainer's parts act on the same weights
         from agents.policies.policy import Policy
-        from agents.rollout.runner import RolloutConfig
+        from agents.rollout.runner import RolloutSettings
 
         policy = Policy(model, tokenizer)
         ref_policy = Policy(ref, tokenizer)
-        runner = RolloutConfig(ENV_ID, {"feedback": False}, "window:0", args.group, 8, 1.0).runner(policy, seed=args.seed)
+        runner = RolloutSettings(ENV_ID, {"feedback": False}, "window:0", args.group, 8, 1.0).runner(policy, seed=args.seed)
         if args.prompt != "task":
             raise SystemExit("--use-runner/--use-update play the task's own prompt: use --prompt task")
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)

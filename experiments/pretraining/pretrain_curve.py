@@ -57,7 +57,7 @@ def main() -> int:
     from agents.policies.policy import Policy
     from agents.rollout.runner import default_env_kwargs
     from agents.policies.tiny import build_tiny_model
-    from learner.pretrain import PretrainConfig, TransitionStreams, encode, exact_rate, held_out_dynamics, pretrain
+    from learner.pretrain import PretrainSettings, TransitionStreams, encode, exact_rate, held_out_dynamics, pretrain
     from learner.update import nll_per_sample
 
     modality = envs.task_spec(args.env_id).modality
@@ -104,7 +104,7 @@ def main() -> int:
     measure(0)
     torch.manual_seed(args.seed)
     if args.steps > 0:
-        pretrain(policy, args.env_id, kwargs, PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr,
+        pretrain(policy, args.env_id, kwargs, PretrainSettings(steps=args.steps, batch=args.batch, lr=args.lr,
                                                              dynamics_fraction=args.dynamics, observe_fraction=args.observe),
                  seed=args.seed,
                  on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)

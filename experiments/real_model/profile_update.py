@@ -30,7 +30,7 @@ def main() -> None:
     from agents.policies.policy import Policy
     from agents.rollout.runner import Runner
     from learner.advantages import assign_group_advantages
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     from learner.state import fused_adam
     from learner.update import policy_update
 
@@ -56,7 +56,7 @@ def main() -> None:
     def update(d: str, kl: float) -> float:
         t = time.perf_counter()
         policy_update(policies[d], refs[d] if kl else None, opts[d], None, records, np.ones(len(records)),
-                      np.zeros(len(records)), loss_cfg=LossConfig(kl_coef=kl), on_policy=True)
+                      np.zeros(len(records)), loss_cfg=LossSettings(kl_coef=kl), on_policy=True)
         return time.perf_counter() - t
 
     settings = [(d, kl) for d in ("bfloat16", "float32") for kl in (0.04, 0.0)]

@@ -49,7 +49,7 @@ def main() -> int:
     from agents.rollout.runner import default_env_kwargs
     from agents.policies.tiny import build_tiny_model, task_model
     from experiments.searchqa.search_copy_probe import probe_records
-    from learner.pretrain import PretrainConfig, exact_rate, held_out_dynamics, pretrain
+    from learner.pretrain import PretrainSettings, exact_rate, held_out_dynamics, pretrain
 
     env_id = "freshper/SearchQA-v0"
     kwargs = default_env_kwargs(env_id, "window:0")
@@ -79,7 +79,7 @@ def main() -> int:
           f"{'answer in p':>15} {'titles exact':>12}")
     measure(0)
     torch.manual_seed(args.seed)
-    cfg = PretrainConfig(steps=args.steps, batch=args.batch, lr=args.lr, dynamics_fraction=args.dynamics)
+    cfg = PretrainSettings(steps=args.steps, batch=args.batch, lr=args.lr, dynamics_fraction=args.dynamics)
     pretrain(policy, env_id, kwargs, cfg, seed=args.seed,
              on_step=lambda step, st: measure(step + 1) if (step + 1) % args.every == 0 else None)
     if args.save:

@@ -79,11 +79,11 @@ def test_two_iterations_train_and_the_checkpoint_evaluates(folder: Path, tmp_pat
 def test_the_own_answer_warm_up_teaches_the_format_around_the_models_own_answers(folder: Path) -> None:
     from agents.evaluate import evaluate
     from agents.policies.policy import Policy
-    from learner.pretrain import PretrainConfig, pretrain
+    from learner.pretrain import PretrainSettings, pretrain
 
     policy = Policy.from_pretrained(NAME, compute_dtype="bfloat16")
     before = evaluate(policy, "freshper/Arithmetic-v0", episodes=16, greedy=True, max_new_tokens=16)
-    cfg = PretrainConfig(steps=8, batch=8, lr=2e-5, dynamics_fraction=0.0, until_exact=0.0, replies="own")
+    cfg = PretrainSettings(steps=8, batch=8, lr=2e-5, dynamics_fraction=0.0, until_exact=0.0, replies="own")
     report = pretrain(policy, "freshper/Arithmetic-v0", None, cfg, seed=0)
     after = evaluate(policy, "freshper/Arithmetic-v0", episodes=16, greedy=True, max_new_tokens=16)
     assert report["pretrain_own_usable"] > 0.5

@@ -128,3 +128,10 @@ def test_the_run_trains_through_its_learner(tmp_path: Path) -> None:
 def test_the_learner_protocol_names_what_the_run_uses() -> None:
     names = {n for n in dir(Learner) if not n.startswith("_")}
     assert {"update", "publish", "reference", "save", "load", "release", "close"} <= names
+
+
+def test_every_settings_section_is_named_settings() -> None:
+    from learner.config import section_classes
+
+    assert all(cls.__name__.endswith("Settings") for cls in section_classes().values()), \
+        {k: cls.__name__ for k, cls in section_classes().items()}

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner.loss import LossConfig, effective_sample_size, grpo_loss
+from learner.loss import LossSettings, effective_sample_size, grpo_loss
 
 
 def _leaf(values: list[list[float]]) -> torch.Tensor:
@@ -23,7 +23,7 @@ def test_clipped_surrogate_gradient_matches_hand_computation() -> None:
     logp = _leaf([[math.log(r) for r in row] for row in rho])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     adv = torch.tensor([1.0, -2.0])
-    loss, stats = grpo_loss(logp, mu, mask, adv, cfg=LossConfig(clip_low=0.2, clip_high=0.2, dual_clip=3.0))
+    loss, stats = grpo_loss(logp, mu, mask, adv, cfg=LossSettings(clip_low=0.2, clip_high=0.2, dual_clip=3.0))
     loss.backward()
     n = 5.0
     expected = torch.tensor([[-1.0 * 1.1 / n, 0.0, 0.0], [0.0, 2.0 * 2.0 / n, 0.0]], dtype=torch.float64)
@@ -37,7 +37,7 @@ def test_clipped_surrogate_gradient_matches_hand_computation() -> None:
 def test_truncated_is_gradient_matches_hand_computation() -> None:
     rho = [[0.5, 3.0]]
     logp = _leaf([[math.log(r) for r in row] for row in rho])
-    loss, _ = grpo_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([2.0]), cfg=LossConfig(loss="tis", tis_cap=2.0))
+    loss, _ = grpo_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([2.0]), cfg=LossSettings(loss="tis", tis_cap=2.0))
     loss.backward()
     # d/dlogp of -sg(min(rho, C)) * A * logp = -min(rho, C) * A, token mean over 2.
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.5 * 2.0 / 2, -2.0 * 2.0 / 2]], dtype=torch.float64))
@@ -45,7 +45,7 @@ def test_truncated_is_gradient_matches_hand_computation() -> None:
 
 def test_sequence_ratio_uses_geometric_mean_of_the_row() -> None:
     logp = _leaf([[math.log(1.1), math.log(1.0 / 1.1)]])  # geometric mean ratio exactly 1
-    loss, stats = grpo_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([1.0]), cfg=LossConfig(sequence_ratio=True))
+    loss, stats = grpo_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([1.0]), cfg=LossSettings(sequence_ratio=True))
     loss.backward()
     assert stats["ratio_mean"] == pytest.approx(1.0)
     # Each of the T=2 tokens has loss -A * rho_seq, token mean -> loss = -rho_seq;
@@ -56,7 +56,7 @@ def test_sequence_ratio_uses_geometric_mean_of_the_row() -> None:
 def test_kl_k3_gradient_matches_hand_computation() -> None:
     logp = _leaf([[math.log(0.5)]])
     ref = torch.tensor([[math.log(0.25)]], dtype=torch.float64)
-    loss, stats = grpo_loss(logp, logp.detach(), torch.ones(1, 1), torch.zeros(1), ref_logp=ref, cfg=LossConfig(kl_coef=0.5))
+    loss, stats = grpo_loss(logp, logp.detach(), torch.ones(1, 1), torch.zeros(1), ref_logp=ref, cfg=LossSettings(kl_coef=0.5))
     loss.backward()
     d = math.log(0.25) - math.log(0.5)
     assert stats["kl"] == pytest.approx(math.exp(d) - d - 1)
@@ -115,4 +115,4 @@ def test_ess_per_age_bucket() -> None:
 
 def test_kl_without_reference_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1), cfg=LossConfig(kl_coef=0.1))
+        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1), cfg=LossSettings(kl_coef=0.1))

@@ -37,7 +37,7 @@ def test_the_capped_update_equals_the_uncut_one() -> None:
     from agents.policies.policy import Policy
     from agents.policies.tiny import build_tiny_model
     from learner.batch import make_batches
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     from learner.update import policy_update
 
     records = fixed_records("text")
@@ -50,7 +50,7 @@ def test_the_capped_update_equals_the_uncut_one() -> None:
         policy, ref = Policy.from_pretrained(build_tiny_model("text")), Policy.from_pretrained(build_tiny_model("text"))
         opt = torch.optim.SGD(policy.model.parameters(), lr=0.0)
         stats = policy_update(policy, ref, opt, None, records, np.linspace(0.5, 1.5, n), np.arange(n, dtype=float),
-                              loss_cfg=LossConfig(kl_coef=0.04), on_policy=False, max_grad_norm=1e9, micro_batch=micro)
+                              loss_cfg=LossSettings(kl_coef=0.04), on_policy=False, max_grad_norm=1e9, micro_batch=micro)
         results.append((stats, {k: p.grad.clone() for k, p in policy.model.named_parameters() if p.grad is not None}))
     (a, ga), (b, gb) = results
     for key in ("loss", "grad_norm", "kl", "tokens"):

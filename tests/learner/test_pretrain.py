@@ -12,7 +12,7 @@ import torch
 import envs
 from agents.record import Sample, Trajectory, Turn, load_records, save_records
 from learner.advantages import assign_step_advantages
-from learner.pretrain import PretrainConfig, TransitionStreams, has_random_replies, pretrain, pretrained_default
+from learner.pretrain import PretrainSettings, TransitionStreams, has_random_replies, pretrain, pretrained_default
 
 # Tasks whose optional package (reasoning-gym, gem-llm) is not installed are skipped, with the hint.
 TASKS = [pytest.param(s.id, id=s.id, marks=pytest.mark.skipif(not s.available, reason=s.missing_message()))
@@ -94,7 +94,7 @@ def test_sokoban_dynamics_examples_include_blocked_moves_and_frozenlake_draws_no
 
 
 def test_pretraining_lowers_the_dynamics_loss_and_is_cached(tmp_path) -> None:
-    cfg = PretrainConfig(steps=25, batch=16, lr=3e-3)
+    cfg = PretrainSettings(steps=25, batch=16, lr=3e-3)
     path, report = pretrained_default("freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0, cache_dir=tmp_path)
     assert not report["cached"] and report["pretrain_steps"] == 25
     assert report["pretrain_dynamics_nll_after"] < 0.7 * report["pretrain_dynamics_nll_before"]
@@ -128,12 +128,12 @@ def test_pretraining_goes_on_in_rounds_until_the_bar_or_the_step_cap(tmp_path) -
     from agents.policies.tiny import build_tiny_model
 
     policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
-    cfg = PretrainConfig(steps=3, batch=4, lr=3e-3, until_exact=1.0, max_steps=7, check_every=2)
+    cfg = PretrainSettings(steps=3, batch=4, lr=3e-3, until_exact=1.0, max_steps=7, check_every=2)
     report = pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0)
     assert report["pretrain_steps"] == 7 and not report["pretrain_reached_bar"]  # a 7-step model writes no board
     assert [step for step, _ in report["pretrain_exact_checks"]] == [3, 5, 7]
     assert report["pretrain_dynamics_exact_after"] == report["pretrain_exact_checks"][-1][1] == 0.0
-    off = pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, PretrainConfig(steps=2, batch=4), seed=0)
+    off = pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, PretrainSettings(steps=2, batch=4), seed=0)
     assert off["pretrain_steps"] == 2 and "pretrain_exact_checks" not in off and "pretrain_dynamics_exact_after" in off
 
 
@@ -147,7 +147,7 @@ def test_pretraining_stops_at_the_first_check_that_meets_the_bar(tmp_path, monke
     rates = iter([0.1, 0.3, 0.6, 0.9])
     monkeypatch.setattr(lp, "exact_rate", lambda policy, examples: next(rates))
     policy = Policy.from_pretrained(build_tiny_model("text", cache_dir=tmp_path))
-    cfg = PretrainConfig(steps=2, batch=4, until_exact=0.5, max_steps=20, check_every=3)
+    cfg = PretrainSettings(steps=2, batch=4, until_exact=0.5, max_steps=20, check_every=3)
     report = lp.pretrain(policy, "freshper/FrozenLake-v0", {"feedback": False}, cfg, seed=0)
     assert report["pretrain_exact_checks"] == [[2, 0.1], [5, 0.3], [8, 0.6]]
     assert report["pretrain_steps"] == 8 and report["pretrain_reached_bar"]
@@ -160,13 +160,13 @@ def test_the_bar_is_part_of_the_cache_key_and_checked() -> None:
     from learner.pretrain import cache_key
 
     base = Path("tiny-text-s0-x")
-    plain = PretrainConfig()
+    plain = PretrainSettings()
     keys = {cache_key(base, "freshper/FrozenLake-v0", {}, c, 0)
-            for c in (plain, PretrainConfig(until_exact=0.5), PretrainConfig(until_exact=0.5, max_steps=800))}
+            for c in (plain, PretrainSettings(until_exact=0.5), PretrainSettings(until_exact=0.5, max_steps=800))}
     assert len(keys) == 3
     for bad in ({"until_exact": 1.5}, {"until_exact": 0.5, "max_steps": 100}, {"check_every": 0}):
         with pytest.raises(ValueError):
-            PretrainConfig(**bad)
+            PretrainSettings(**bad)
 
 
 def test_vision_pretraining_sees_the_image_and_predicts_the_board_text(tmp_path) -> None:
@@ -176,7 +176,7 @@ def test_vision_pretraining_sees_the_image_and_predicts_the_board_text(tmp_path)
     policy = Policy.from_pretrained(build_tiny_model("vision", cache_dir=tmp_path))
     torch.manual_seed(0)
     report = pretrain(policy, "freshper/FrozenLakeVision-v0", {"feedback": False},
-                      PretrainConfig(steps=3, batch=4, lr=3e-3), seed=0)
+                      PretrainSettings(steps=3, batch=4, lr=3e-3), seed=0)
     assert report["pretrain_steps"] == 3 and np.isfinite(report["pretrain_loss_last"])
     assert report["pretrain_dynamics_nll_after"] < report["pretrain_dynamics_nll_before"]
 
@@ -423,12 +423,12 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
     from learner.pretrain import cache_key
 
     base = Path("tiny-text-s0-x")
-    plain, look = PretrainConfig(), PretrainConfig(reasoning="lookahead")
+    plain, look = PretrainSettings(), PretrainSettings(reasoning="lookahead")
     key = cache_key(base, "freshper/FrozenLake-v0", {}, plain, 0)
     assert key != cache_key(base, "freshper/FrozenLake-v0", {}, look, 0)
-    assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainConfig(reasoning="state"), 0) not in (
+    assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainSettings(reasoning="state"), 0) not in (
         key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
-    assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainConfig(reasoning="aim"), 0) not in (
+    assert cache_key(base, "freshper/FrozenLake-v0", {}, PretrainSettings(reasoning="aim"), 0) not in (
         key, cache_key(base, "freshper/FrozenLake-v0", {}, look, 0))
     old = dataclasses.asdict(plain)
     del old["observe_fraction"], old["reasoning"]  # the recipe as it was before these fields
@@ -442,7 +442,7 @@ def test_lookahead_changes_the_cache_key_and_none_keeps_the_old_one() -> None:
                        random_play_digest("freshper/FrozenLake-v0", {})], sort_keys=True, default=str)
     assert key == hashlib.sha256(blob.encode()).hexdigest()[:12]
     with pytest.raises(ValueError, match="reasoning"):
-        PretrainConfig(reasoning="chain")
+        PretrainSettings(reasoning="chain")
 
 
 def test_a_vision_task_drawn_differently_gets_another_cache_key(monkeypatch) -> None:
@@ -454,7 +454,7 @@ def test_a_vision_task_drawn_differently_gets_another_cache_key(monkeypatch) -> 
     import envs.frozenlake as fl
     from learner.pretrain import cache_key
 
-    base, cfg = Path("tiny-vision-s0-x"), PretrainConfig()
+    base, cfg = Path("tiny-vision-s0-x"), PretrainSettings()
     vision = cache_key(base, "freshper/FrozenLakeVision-v0", {}, cfg, 0)
     text = cache_key(base, "freshper/FrozenLake-v0", {}, cfg, 0)
     assert vision == cache_key(base, "freshper/FrozenLakeVision-v0", {}, cfg, 0)
@@ -474,7 +474,7 @@ def test_random_replies_drawn_another_way_get_another_cache_key(monkeypatch) -> 
     from envs.sokoban.env import SokobanEnv
     from learner.pretrain import cache_key
 
-    base, cfg, kwargs = Path("tiny-text-s0-x"), PretrainConfig(), {"preset": "simple"}
+    base, cfg, kwargs = Path("tiny-text-s0-x"), PretrainSettings(), {"preset": "simple"}
     key = cache_key(base, "freshper/Sokoban-v0", kwargs, cfg, 0)
     assert key == cache_key(base, "freshper/Sokoban-v0", kwargs, cfg, 0)
     monkeypatch.setattr(SokobanEnv, "effective_actions", MultiTurnEnv.effective_actions)
@@ -539,7 +539,7 @@ def test_the_follow_stage_builds_on_the_cached_first_stage(tmp_path) -> None:
     """``follow_steps``: the first stage is cached as a model of its own (the key of a recipe
     without a follow stage is unchanged), the second starts from it, and the report sums them."""
     kwargs = {"preset": "simple", "feedback": False, "board": "letters"}
-    first_cfg = PretrainConfig(steps=3, batch=8, reasoning="subgoal")
+    first_cfg = PretrainSettings(steps=3, batch=8, reasoning="subgoal")
     cfg = dataclasses.replace(first_cfg, follow_steps=2, follow_fraction=1.0)
     path, report = pretrained_default("freshper/Sokoban-v0", kwargs, cfg, seed=0, cache_dir=tmp_path)
     first, first_report = pretrained_default("freshper/Sokoban-v0", kwargs, first_cfg, seed=0, cache_dir=tmp_path)
@@ -552,7 +552,7 @@ def test_the_follow_stage_builds_on_the_cached_first_stage(tmp_path) -> None:
     again, report2 = pretrained_default("freshper/Sokoban-v0", kwargs, cfg, seed=0, cache_dir=tmp_path)
     assert again == path and report2["cached"]
     with pytest.raises(ValueError, match="subgoal"):
-        PretrainConfig(reasoning="lookahead", follow_steps=2)
+        PretrainSettings(reasoning="lookahead", follow_steps=2)
 
 
 def test_success_examples_are_whole_random_episodes_that_the_task_scored_a_success() -> None:
@@ -600,7 +600,7 @@ def test_the_success_share_is_part_of_the_cache_key_and_checked() -> None:
     from learner.pretrain import cache_key
 
     base = Path("tiny-text-s0-x")
-    assert cache_key(base, "freshper/SearchQA-v0", {}, PretrainConfig(), 0) != cache_key(
-        base, "freshper/SearchQA-v0", {}, PretrainConfig(success_fraction=0.5), 0)
+    assert cache_key(base, "freshper/SearchQA-v0", {}, PretrainSettings(), 0) != cache_key(
+        base, "freshper/SearchQA-v0", {}, PretrainSettings(success_fraction=0.5), 0)
     with pytest.raises(ValueError, match="success_fraction"):
-        PretrainConfig(success_fraction=1.5)
+        PretrainSettings(success_fraction=1.5)

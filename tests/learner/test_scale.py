@@ -18,7 +18,7 @@ import train
 from agents.policies.policy import Policy
 from learner.checkpoint import list_checkpoints, save_checkpoint
 from learner.config import Config, make_config, parse_config
-from learner.loss import LossConfig
+from learner.loss import LossSettings
 from learner.report import read_metrics
 from learner.update import AdapterReference, policy_update
 
@@ -48,7 +48,7 @@ def _loss_and_grads(policy, records, ref=None, kl=0.0) -> tuple[float, dict[str,
     opt = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=0.0)
     n = len(records)
     stats = policy_update(policy, ref, opt, None, records, np.linspace(0.5, 1.5, n), np.arange(n, dtype=float),
-                          loss_cfg=LossConfig(kl_coef=kl), on_policy=False, max_grad_norm=1e9)
+                          loss_cfg=LossSettings(kl_coef=kl), on_policy=False, max_grad_norm=1e9)
     grads = {k: p.grad.clone() for k, p in policy.model.named_parameters() if p.grad is not None}
     return stats["loss"], grads
 
@@ -271,13 +271,13 @@ def test_fp16_compute_trains_with_a_loss_scale_and_an_overflow_skips_the_step_wi
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     # A loss scale far too large: the scaled gradients overflow, the step is skipped, the scale halves.
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)
-    stats = policy_update(policy, None, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=LossConfig(),
+    stats = policy_update(policy, None, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=LossSettings(),
                           on_policy=True, scaler=scaler)
     assert stats["fp16_overflow"] == 1.0 and stats["skipped"] == 0.0 and not stepped(stats)
     assert scaler.get_scale() == 2.0 ** 126
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
-    stats = policy_update(policy, None, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=LossConfig(),
+    stats = policy_update(policy, None, opt, None, records, np.ones(n), np.zeros(n), loss_cfg=LossSettings(),
                           on_policy=True, scaler=scaler)
     assert stepped(stats) and stats["grad_norm"] > 0
     assert not all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())

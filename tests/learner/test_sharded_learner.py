@@ -57,7 +57,7 @@ def test_the_first_sharded_update_equals_the_one_process_update_on_the_same_batc
 
     from agents.policies.policy import Policy
     from agents.policies.tiny import build_tiny_model
-    from learner.loss import LossConfig
+    from learner.loss import LossSettings
     from learner.update import policy_update
 
     build_tiny_model(modality)  # cached before the two processes read it
@@ -71,7 +71,7 @@ def test_the_first_sharded_update_equals_the_one_process_update_on_the_same_batc
     opt = torch.optim.SGD(policy.model.parameters(), lr=0.0)
     n = len(records)
     stats = policy_update(policy, ref, opt, None, records, np.linspace(0.5, 1.5, n), np.arange(n, dtype=float),
-                          loss_cfg=LossConfig(kl_coef=0.04), on_policy=False, max_grad_norm=1e9, micro_batch=3)
+                          loss_cfg=LossSettings(kl_coef=0.04), on_policy=False, max_grad_norm=1e9, micro_batch=3)
     for key in ("loss", "grad_norm", "ratio_mean", "clip_frac", "kl"):
         assert sharded["stats"][key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
     assert sharded["stats"]["tokens"] == stats["tokens"] and sharded["stats"]["seq_tokens"] == stats["seq_tokens"]

@@ -21,7 +21,7 @@ from learner.checkpoint import CheckpointError, list_checkpoints, verify_checkpo
 from learner.cli import field_docs
 from learner.config import (Config, build_parser, flatten, locked_on_resume, make_config, parse_config,
                             section_classes, settings, validate)
-from learner.loss import LossConfig
+from learner.loss import LossSettings
 from learner.update import policy_update
 from learner.report import compare_runs, read_metrics
 
@@ -204,7 +204,7 @@ def test_first_on_policy_update_has_ratio_exactly_one(text_setup) -> None:
     state = {k: v.clone() for k, v in policy.model.state_dict().items()}
     opt, sched = _optimizer(policy)
     n = len(records)
-    stats = policy_update(policy, None, opt, sched, records, np.ones(n), np.zeros(n), loss_cfg=LossConfig(), on_policy=True)
+    stats = policy_update(policy, None, opt, sched, records, np.ones(n), np.zeros(n), loss_cfg=LossSettings(), on_policy=True)
     policy.model.load_state_dict(state)
     assert stats["ratio_mean"] == 1.0 and stats["ratio_max"] == 1.0 and stats["ratio_min"] == 1.0
     assert stats["clip_frac"] == 0.0
@@ -218,7 +218,7 @@ def test_all_equal_groups_give_zero_gradient_and_leave_weights_unchanged(text_se
     before = _params(policy)
     opt, sched = _optimizer(policy)
     n = len(flat)
-    stats = policy_update(policy, None, opt, sched, flat, np.ones(n), np.zeros(n), loss_cfg=LossConfig(), on_policy=False)
+    stats = policy_update(policy, None, opt, sched, flat, np.ones(n), np.zeros(n), loss_cfg=LossSettings(), on_policy=False)
     assert stats["grad_norm"] == 0.0
     for a, b in zip(before, policy.model.parameters()):
         assert torch.equal(a, b)
@@ -234,7 +234,7 @@ def test_nonfinite_loss_skips_the_update(text_setup) -> None:
     before = _params(policy)
     opt, sched = _optimizer(policy)
     n = len(broken)
-    stats = policy_update(policy, None, opt, sched, broken, np.ones(n), np.ones(n), loss_cfg=LossConfig(), on_policy=False)
+    stats = policy_update(policy, None, opt, sched, broken, np.ones(n), np.ones(n), loss_cfg=LossSettings(), on_policy=False)
     assert stats["skipped"] == 1.0 and stats["nonfinite"] == "loss"
     for a, b in zip(before, policy.model.parameters()):
         assert torch.equal(a, b)

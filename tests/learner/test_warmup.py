@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from learner.pretrain import PretrainConfig, cache_key
+from learner.pretrain import PretrainSettings, cache_key
 from learner.warmup import answer_span
 
 
@@ -32,17 +32,17 @@ def test_prose_empty_and_overlong_replies_state_no_answer(reply: str) -> None:
 
 
 def test_own_replies_need_a_format_only_recipe_and_leave_the_default_cache_key_as_it_was(tmp_path) -> None:
-    PretrainConfig(steps=4, dynamics_fraction=0.0, replies="own", until_exact=0.0)
+    PretrainSettings(steps=4, dynamics_fraction=0.0, replies="own", until_exact=0.0)
     for bad in (dict(dynamics_fraction=0.5), dict(dynamics_fraction=0.0, reasoning="lookahead"),
                 dict(dynamics_fraction=0.0, success_fraction=0.2)):
         with pytest.raises(ValueError, match="pretrain-replies own"):
-            PretrainConfig(steps=4, replies="own", until_exact=0.0, **bad)
+            PretrainSettings(steps=4, replies="own", until_exact=0.0, **bad)
     with pytest.raises(ValueError, match="'random' or 'own'"):
-        PretrainConfig(replies="mine")
+        PretrainSettings(replies="mine")
     base = tmp_path / "tiny"
-    default = PretrainConfig(steps=None, until_exact=None)
-    explicit = PretrainConfig(steps=None, until_exact=None, replies="random")
-    own = PretrainConfig(steps=400, dynamics_fraction=0.0, until_exact=0.0, replies="own")
+    default = PretrainSettings(steps=None, until_exact=None)
+    explicit = PretrainSettings(steps=None, until_exact=None, replies="random")
+    own = PretrainSettings(steps=400, dynamics_fraction=0.0, until_exact=0.0, replies="own")
     key = cache_key(base, "freshper/FrozenLake-v0", None, default, 0)
     assert cache_key(base, "freshper/FrozenLake-v0", None, explicit, 0) == key
     assert cache_key(base, "freshper/FrozenLake-v0", None, own, 0) != key

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with
 
 from agents.policies.policy import Policy  # noqa: E402
 from agents.record import Sample  # noqa: E402
-from agents.rollout.runner import RolloutConfig  # noqa: E402
+from agents.rollout.runner import RolloutSettings  # noqa: E402
 from agents.policies.tiny import build_tiny_model  # noqa: E402
 
 #: train.py flags of the tiny end-to-end runs with the engine: 3 iterations, a learning rate that
@@ -117,7 +117,7 @@ def test_a_seeded_batch_larger_than_one_engine_step(engine, policy) -> None:
 
 @pytest.mark.parametrize("context", ["window:0", "full"])
 def test_runner_records_sampled_by_vllm_pass_the_logprob_recheck(engine, policy, context) -> None:
-    runner = RolloutConfig(LAKE, {}, context, group_size=2, max_new_tokens=6, max_context_tokens=1024).runner(
+    runner = RolloutSettings(LAKE, {}, context, group_size=2, max_new_tokens=6, max_context_tokens=1024).runner(
         policy, seed=0, sampler=engine)
     records, stats = runner.collect([3, 4], policy_version=0, rng_seed=1)
     runner.close()
@@ -245,7 +245,7 @@ def test_lora_adapters_served_by_vllm_in_memory(model_path, policy) -> None:
     prompts = _prompts(policy, n=4)
     lora = _with_adapters(model_path, prompts)
     files_before = _weight_files()
-    rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=6, max_context_tokens=1024)
+    rollout = RolloutSettings(LAKE, {}, "window:0", group_size=2, max_new_tokens=6, max_context_tokens=1024)
     sampler = vllm_sampler(lora, model_path, rollout, seed=0, spec=PolicySpec(torch.float32, lora.lora),
                            engine=EngineSettings("vllm", VLLM_PYTHON, {"lora": "adapter"}))
     try:
@@ -317,7 +317,7 @@ def test_colocated_mode_is_refused_on_the_cpu_build(policy, model_path, tmp_path
     from agents.policies.spec import PolicySpec
     from agents.rollout.engine import EngineSettings, vllm_sampler
 
-    rollout = RolloutConfig(LAKE, {}, "window:0", group_size=2, max_new_tokens=4, max_context_tokens=256)
+    rollout = RolloutSettings(LAKE, {}, "window:0", group_size=2, max_new_tokens=4, max_context_tokens=256)
     with pytest.raises(ValueError, match="sleep mode"):
         vllm_sampler(policy, model_path, rollout, seed=0, spec=PolicySpec(),
                      engine=EngineSettings("vllm", VLLM_PYTHON, {"colocate": True}))
@@ -349,7 +349,7 @@ def test_a_ray_worker_samples_with_its_own_vllm_engine(model_path) -> None:
     from agents.rollout.workers import RayCollector, ray_init
 
     learner = Policy.from_pretrained(model_path)
-    rollout = RolloutConfig(LAKE, {"feedback": False}, "window:0", group_size=2, max_new_tokens=6,
+    rollout = RolloutSettings(LAKE, {"feedback": False}, "window:0", group_size=2, max_new_tokens=6,
                             max_context_tokens=1024)
     started = ray_init(num_cpus=2, object_store_memory=256 * 2**20)
     collector = RayCollector(learner, model_path, rollout, workers=1, spec=PolicySpec(), seed=0,

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with
 from agents.policies.spec import PolicySpec  # noqa: E402
 from agents.rollout.engine import EngineSettings, vllm_sampler  # noqa: E402
 from agents.policies.policy import Policy  # noqa: E402
-from agents.rollout.runner import RolloutConfig  # noqa: E402
+from agents.rollout.runner import RolloutSettings  # noqa: E402
 from agents.policies.tiny import build_tiny_model  # noqa: E402
 
 #: Largest |learner log-prob - vLLM log-prob| of a sampled token (fp32 both sides).
@@ -78,7 +78,7 @@ def case(request, tmp_path_factory):
     else:
         path = build(None)
     policy = Policy.from_pretrained(path, compute_dtype=precision)
-    rollout = RolloutConfig(env_id, {"feedback": False}, "full", group_size=2, max_new_tokens=5,
+    rollout = RolloutSettings(env_id, {"feedback": False}, "full", group_size=2, max_new_tokens=5,
                             max_context_tokens=1536)
     sampler = vllm_sampler(policy, path, rollout, seed=0, spec=PolicySpec.resolve(precision, "cpu"),
                            engine=EngineSettings("vllm", VLLM_PYTHON, {"max_model_len": 2048}))

@@ -13,11 +13,11 @@ from agents.rollout.collector import build_collector
 from agents.rollout.shards import ShardedCollector, plan_shards
 from agents.rollout.transfer import load_numpy_state, read_folder, state_to_numpy, write_folder
 from agents.policies.policy import Policy
-from agents.rollout.runner import RolloutConfig, Runner
+from agents.rollout.runner import RolloutSettings, Runner
 from agents.rollout.seeds import shard_rng_seed
 from agents.policies.tiny import build_tiny_model
 
-LAKE = RolloutConfig("freshper/FrozenLake-v0", {"feedback": False}, "window:0", group_size=2, max_new_tokens=4,
+LAKE = RolloutSettings("freshper/FrozenLake-v0", {"feedback": False}, "window:0", group_size=2, max_new_tokens=4,
                      max_context_tokens=1024)
 
 

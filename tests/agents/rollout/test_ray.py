@@ -30,12 +30,12 @@ from agents.policies.spec import PolicySpec  # noqa: E402
 from agents.rollout.shards import ShardedCollector  # noqa: E402
 from agents.rollout.workers import RayCollector, ray_init  # noqa: E402
 from agents.policies.policy import Policy  # noqa: E402
-from agents.rollout.runner import RolloutConfig  # noqa: E402
+from agents.rollout.runner import RolloutSettings  # noqa: E402
 from agents.policies.tiny import build_tiny_model  # noqa: E402
 from learner.checkpoint import list_checkpoints  # noqa: E402
 from learner.report import read_metrics  # noqa: E402
 
-LAKE = RolloutConfig("freshper/FrozenLake-v0", {"feedback": False}, "window:0", group_size=2, max_new_tokens=4,
+LAKE = RolloutSettings("freshper/FrozenLake-v0", {"feedback": False}, "window:0", group_size=2, max_new_tokens=4,
                      max_context_tokens=1024)
 TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, eval_every=0, eval_episodes=2,
             final_eval_episodes=2, checkpoint_every=2, progress=False, tensorboard=False, threads=1,
@@ -160,7 +160,7 @@ def test_ray_workers_train_on_a_served_task_as_in_process_shards_train_on_the_ta
 
 
 # -- faults ------------------------------------------------------------------------------------
-def _searching_model(model_path: Path, folder: Path, rollout: RolloutConfig) -> Path:
+def _searching_model(model_path: Path, folder: Path, rollout: RolloutSettings) -> Path:
     """The tiny model after a few supervised steps towards replying with a search on every turn
     of a SearchQA episode, so each turn sends a retrieval request (and waits for the slow server)."""
     policy = Policy.from_pretrained(model_path)
@@ -200,7 +200,7 @@ def slow_retrieval(search_cache):
 def test_a_worker_killed_mid_collection_is_replaced_and_no_record_is_lost(cluster, model_path, slow_retrieval,
                                                                           tmp_path, caplog) -> None:
     env_kwargs = {"retrieval_url": slow_retrieval.url, "max_turns": 3, "max_searches": 3, "retrieval_retries": 0}
-    rollout = RolloutConfig("freshper/SearchQA-v0", env_kwargs, "window:0", group_size=2, max_new_tokens=8,
+    rollout = RolloutSettings("freshper/SearchQA-v0", env_kwargs, "window:0", group_size=2, max_new_tokens=8,
                             max_context_tokens=1024)
     path = _searching_model(model_path, tmp_path / "searcher", rollout)
     policy = _fresh_policy(path)
