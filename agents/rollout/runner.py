@@ -131,19 +131,29 @@ class RolloutSettings:
                       max_context_tokens=cfg.max_context_tokens, seed=seed, sampler=sampler)
 
 
+def _announce(hook: str, envs: Sequence[Any], values: Sequence[Any]) -> None:
+    """Call each task class's ``hook`` once with its envs among ``envs`` and their values."""
+    groups: dict[type, tuple[list[Any], list[Any]]] = {}
+    for env, value in zip(envs, values):
+        inner = env.unwrapped
+        if getattr(type(inner), hook, None) is not None:
+            pair = groups.setdefault(type(inner), ([], []))
+            pair[0].append(inner)
+            pair[1].append(value)
+    for cls, (members, vals) in groups.items():
+        getattr(cls, hook)(members, vals)
+
+
 def before_batch_step(envs: Sequence[Any], replies: Sequence[str]) -> None:
     """Give each task class the envs of a turn about to be stepped, with their replies, in one
     call (``MultiTurnEnv.before_batch_step``: e.g. search sends one retrieval request)."""
-    groups: dict[type, tuple[list[Any], list[str]]] = {}
-    for env, reply in zip(envs, replies):
-        inner = env.unwrapped
-        hook = getattr(type(inner), "before_batch_step", None)
-        if hook is not None:
-            pair = groups.setdefault(type(inner), ([], []))
-            pair[0].append(inner)
-            pair[1].append(reply)
-    for cls, (members, texts) in groups.items():
-        cls.before_batch_step(members, texts)
+    _announce("before_batch_step", envs, replies)
+
+
+def before_batch_reset(envs: Sequence[Any], seeds: Sequence[int]) -> None:
+    """Give each task class the envs about to be reset, with their seeds, in one call
+    (``MultiTurnEnv.before_batch_reset``: a served task sends the resets as one request)."""
+    _announce("before_batch_reset", envs, seeds)
 
 
 @dataclass
@@ -282,6 +292,7 @@ class Runner:
         episodes: list[_Episode] = []
         t0 = time.perf_counter()
         first_group = self._next_group if group_base is None else int(group_base)
+        before_batch_reset(pool[:n], [int(seed) for seed in seeds for _ in range(self.group_size)])
         for i, seed in enumerate(seeds):
             for g in range(self.group_size):
                 env = pool[i * self.group_size + g]
