@@ -1,9 +1,11 @@
 """A training run, in the order it happens: :func:`train` is :func:`setup` -> :func:`start_of_rl`
 -> :func:`loop` (of :func:`iteration`) -> :func:`finish`.
 
-- setup: the run folder (new, or the one a resume continues), the start model (by default the
-  embedded tiny model pretrained on the task's own transitions, cached), the run state and the
-  runners; nothing is written before every check has passed.
+- setup: the settings resolved once (``learner.config.resolve``), the run folder (new, or the
+  one a resume continues), the start model (by default the embedded tiny model pretrained on the
+  task's own transitions, cached), the learner (``learner.learners.Learner``: local or sharded,
+  chosen by ``learner.build.build_learner``) and the runners; nothing is written before every
+  check has passed.
 - start of RL: held-out evaluation (the learning claim's baseline), the KL reference,
   checkpoint 0, so a resume never repeats any of it.
 - one iteration: collect B tasks x G rollouts with the current policy -> one on-policy update
@@ -13,6 +15,7 @@
 
 Outputs go to ``runs/<run_name>/`` (docs/training.md). What each step is built from is
 ``learner/build.py``; the evaluations ``learner/evaluation.py``; the settings ``learner/config.py``.
+The loop, the checkpoints and the evaluations see the learner through its interface only.
 """
 
 from __future__ import annotations
