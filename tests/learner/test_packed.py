@@ -192,3 +192,56 @@ def test_vision_batches_pack_under_checkpointing_and_match_the_full_forward(layo
     cut, _ = _values_and_grads(checkpointed, samples, lambda s: packed_logprobs(checkpointed, s, 0.7, cap=1,
                                                                                 images=images))
     torch.testing.assert_close(cut, full, rtol=0, atol=1e-5)
+
+
+def test_a_lora_update_with_its_kl_reference_packs_and_equals_the_kv_cached_path() -> None:
+    """LoRA under checkpointing: the policy and its reference (the adapters off, same model, in
+    training mode under no_grad) both take the packed passes; loss and adapter gradients equal
+    the update without checkpointing (the KV-cached passes)."""
+    from agents.policies.lora import LoraSettings, add_lora
+    from agents.policies.policy import Policy
+    from agents.policies.tiny import build_tiny_model
+    from learner.loss import LossSettings
+    from agents.record import Trajectory
+    from learner.update import AdapterReference, policy_update
+
+    def make(checkpointing: bool) -> Policy:
+        torch.manual_seed(0)
+        policy = Policy.from_pretrained(build_tiny_model("text"))
+        add_lora(policy, LoraSettings(rank=4))
+        with torch.no_grad():  # non-zero B: the adapters change the outputs and A gets a gradient
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn_like(p) * 0.1)
+        if checkpointing:
+            policy.enable_gradient_checkpointing()
+        return policy
+
+    results = []
+    for checkpointing in (False, True):
+        policy = make(checkpointing)
+        samples = _batch(policy, groups=2, group_size=3)
+        trajs = [Trajectory(env_id="t", seed=0, group_id=i // 3, turns=[], samples=[s], episode_return=0.0, success=False,
+                            policy_version=0, advantage=float(a), images=[])
+                 for i, (s, a) in enumerate(zip(samples, np.linspace(-1, 1, len(samples))))]
+        calls = []
+        original = packed.packed_logprobs
+        packed.packed_logprobs = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            opt = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=0.0)
+            n = len(trajs)
+            stats = policy_update(policy, AdapterReference(policy), opt, None, trajs, np.linspace(0.5, 1.5, n),
+                                  np.arange(n, dtype=float), loss_cfg=LossSettings(kl_coef=0.1), on_policy=False,
+                                  max_grad_norm=1e9)
+        finally:
+            packed.packed_logprobs = original
+        assert len(calls) == (2 if checkpointing else 0)  # the policy's pass and the reference's
+        grads = {k: p.grad.clone() for k, p in policy.model.named_parameters() if p.grad is not None}
+        assert grads and all("lora_" in k for k in grads)
+        results.append((stats["loss"], stats.get("kl"), grads))
+    (loss_a, kl_a, g_a), (loss_b, kl_b, g_b) = results
+    assert loss_b == pytest.approx(loss_a, rel=1e-5, abs=1e-6)
+    assert kl_a > 0 and kl_b == pytest.approx(kl_a, rel=1e-4, abs=1e-7)  # the reference differs and agrees
+    assert g_a.keys() == g_b.keys()
+    for k in g_a:
+        torch.testing.assert_close(g_b[k], g_a[k], rtol=1e-4, atol=1e-6, msg=k)
