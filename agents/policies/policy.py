@@ -287,8 +287,8 @@ class Policy:
         """Recompute each decoder layer's activations in the backward pass (HF's
         non-reentrant checkpointing): activation memory falls from every layer's to one
         layer's at a time, for about one more forward pass of compute. The learner then scores
-        sequences in one full forward each (:mod:`learner.prefix`), since a KV cache written
-        inside a recomputed layer would be written twice."""
+        without a KV cache, which a recomputed layer would write twice: in packed passes with a
+        tree-shaped attention mask (:mod:`learner.packed`), each distinct prompt still once."""
         if not getattr(self.model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(self.model).__name__} does not support gradient checkpointing")
         kwargs = {"use_reentrant": False}
