@@ -2,15 +2,18 @@
 ``generate``, in fp32 and in bf16 weights, on the same prompts.
 
     .venv/bin/python benchmarks/real_rollout_bench.py [--model smollm2-135m-instruct] [--batch 64]
-        [--new-tokens 32] [--repeats 3] [--dtypes float32,bfloat16]
+        [--new-tokens 32] [--repeats 3] [--dtypes float32,bfloat16] [--vllm | --no-vllm]
 
 The prompts are ``--batch`` Arithmetic problems rendered by the model's own chat template;
 every row samples up to ``--new-tokens`` tokens per prompt at temperature 1 with the full
 vocabulary (no top-k/top-p), ending at the model's EOS, with the behaviour log-probs a trainer
 needs. Tokens/s is sampled tokens (up to and including EOS) over wall seconds, the median of
 ``--repeats`` alternating runs; ratios are against the project's sampler in fp32 of the same
-run. vLLM's CPU build on the same model is ``make bench-vllm``'s rollout part with ``--model``
-(its own venv). The load average is printed before and after: the cores may be shared.
+run. With ``--vllm`` (the default where ``make vllm-venv`` has built ``.venv-vllm``), vLLM's
+CPU build serves the same model in its own process (:class:`agents.engines.vllm_client.VLLMSampler`,
+the engine ``train.py --engine vllm`` uses) and takes its turn in the same rounds on the same
+prompt ids, with the same thread count; its start-up is not timed. The load average is printed
+before and after: the cores may be shared.
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ def run_generate(policy: Policy, ids: list[list[int]], new_tokens: int) -> int:
     return int(((ended == 0) | ((ended == 1) & (new == policy.eos_token_id))).sum())  # up to the first EOS
 
 
+def vllm_available() -> bool:
+    from agents.engines.vllm_client import default_vllm_python
+
+    return os.path.exists(default_vllm_python())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -68,19 +77,38 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time vLLM's CPU build (default: when its venv exists)")
     args = parser.parse_args()
+    if args.vllm is None:
+        args.vllm = vllm_available()
     threads = configure_threads(args.threads)
     print(f"load average before: {os.getloadavg()}; torch threads {threads}")
     rows: dict[tuple[str, str], list[float]] = {}
     for dtype in args.dtypes.split(","):
         policy = Policy.from_pretrained(args.model, dtype=dtype)
         ids = prompts(policy, args.batch)
-        run_sampler(policy, ids[:4], 4)  # warm-up
-        for _ in range(args.repeats):
-            for name, fn in (("freshper sampler", run_sampler), ("HF generate", run_generate)):
-                t0 = time.perf_counter()
-                tokens = fn(policy, ids, args.new_tokens)
-                rows.setdefault((name, dtype), []).append(tokens / (time.perf_counter() - t0))
+        paths = [("freshper sampler", run_sampler), ("HF generate", run_generate)]
+        engine = None
+        if args.vllm:
+            from agents.engines.vllm_client import VLLMSampler
+            from agents.pretrained import resolve_model
+
+            engine = VLLMSampler(resolve_model(args.model), eos_token_id=policy.eos_token_id, dtype=dtype,
+                                 max_model_len=1024, seed=0, threads=threads)
+            paths.append(("vLLM (CPU build)", lambda _p, x, n: sum(len(g.token_ids) for g in engine.generate(
+                x, max_new_tokens=n, temperature=1.0))))
+        try:
+            for _, fn in paths:
+                fn(policy, ids[:4], 4)  # warm-up
+            for _ in range(args.repeats):
+                for name, fn in paths:
+                    t0 = time.perf_counter()
+                    tokens = fn(policy, ids, args.new_tokens)
+                    rows.setdefault((name, dtype), []).append(tokens / (time.perf_counter() - t0))
+        finally:
+            if engine is not None:
+                engine.close()
         del policy
     base = statistics.median(rows.get(("freshper sampler", "float32"), next(iter(rows.values()))))
     print(f"\n{args.model}: {args.batch} prompts x {args.new_tokens} sampled tokens, median of {args.repeats}")
