@@ -115,3 +115,39 @@ def test_the_openai_compatible_evaluation_of_the_real_model_equals_the_in_proces
         server.server_close()
     assert [[t.reply for t in r.turns] for r in local.records] == [[t.reply for t in r.turns] for r in remote.records]
     assert remote.success_rate == local.success_rate
+
+
+def test_live_play_in_the_viewer_with_the_real_model(folder: Path, tmp_path: Path) -> None:
+    """The viewer's play page opens the real model by its short name, the model answers a turn
+    over HTTP, and the saved record holds exactly what the model saw and sampled (rescoring
+    reproduces its behaviour log-probs)."""
+    import httpx
+    import numpy as np
+    import torch
+
+    from agents.policies.policy import Policy
+    from agents.record import load_records
+    from conftest import ViewServer
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with ViewServer(runs) as server, httpx.Client(base_url=server.url, timeout=300, follow_redirects=True,
+                                                  headers={"Origin": server.url}) as client:
+        r = client.post("/play", data={"env_id": "freshper/Arithmetic-v0", "seed": "3", "model": NAME})
+        assert r.status_code == 200 and "/play/" in str(r.url), r.text[:500]
+        sid = str(r.url).rstrip("/").split("/")[-1]
+        r = client.post(f"/play/{sid}/step", data={"action": "model"})
+        assert r.status_code == 200 and r.text.count('data-testid="turn"') == 1
+        r = client.post(f"/play/{sid}/save")
+        assert 'data-testid="saved"' in r.text
+    (saved,) = sorted((runs / "play").iterdir())
+    (rec,) = load_records(saved)
+    assert rec.num_turns == 1 and rec.info.get("typed_turns", []) == []
+    policy = Policy.from_pretrained(NAME)
+    (sample,) = rec.samples
+    mask = sample.loss_mask.astype(bool)
+    assert mask.sum() > 0 and policy.reply_text(sample.token_ids[mask].tolist()) == rec.turns[0].reply
+    assert policy.decode(sample.token_ids[:2].tolist()).startswith("<|im_start|>")  # the model's own template
+    with torch.no_grad():
+        rescored = policy.token_logprobs([sample])[0, : len(mask)].numpy()
+    assert np.allclose(rescored[mask], sample.behavior_logprobs[mask], atol=1e-3)
