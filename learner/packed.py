@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from agents.policies.sampling import common_prefix_length
+from learner.prompts import group_prompts, prompt_lengths, vision_applies
 
 #: Most tokens of one pack (one forward pass). The attention of a pack is dense over its length:
 #: at 1024 it adds at most ~12% to a 0.5B layer's per-token work.
@@ -166,7 +167,6 @@ def tree_mask(segments: np.ndarray, parent: Sequence[int]) -> torch.Tensor:
 
 def _text_prompts(ids, plen):
     """Distinct prompts, each sample's, their plain positions and the shared header's length."""
-    from learner.prefix import group_prompts
 
     unique, inverse = group_prompts(ids, plen)
     head = min(common_prefix_length(unique), min(len(u) for u in unique) - 1)
@@ -200,24 +200,11 @@ def _vision_prompts(policy, ids, plen, images):
     return unique, inverse, positions, head, own_images
 
 
-def vision_applies(policy, samples: Sequence) -> bool:
-    """A Qwen2-VL-family model with no vision token after any sample's first sampled token (a
-    ``full``-context sample whose later turns hold images takes the full forward)."""
-    from agents.policies import sampling_vl
-    from learner.prefix import prompt_lengths
-
-    if not sampling_vl.supports(policy.model):
-        return False
-    vision = np.asarray(policy.suppressed_ids, dtype=np.int64)
-    return not any(np.isin(np.asarray(s.token_ids)[p:], vision).any() for s, p in zip(samples, prompt_lengths(samples)))
-
-
 def packed_logprobs(policy, samples: Sequence, temperature: float = 1.0, cap: int | None = None,
                     images: Sequence | None = None) -> torch.Tensor:
     """``[B, T_max]`` log-probs of each sample's tokens from its first sampled one on (0 before),
     from packed passes (see the module docstring); differentiable. ``images``: per sample its
     images in order (a vision model)."""
-    from learner.prefix import prompt_lengths
 
     model, device = policy.model, policy.device
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]

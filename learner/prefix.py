@@ -42,36 +42,11 @@ import numpy as np
 import torch
 
 from agents.policies.sampling import common_prefix_length
+from learner import packed
+from learner.prompts import group_prompts, prompt_lengths, vision_applies
 
 #: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
-
-
-def prompt_lengths(samples: Sequence) -> list[int]:
-    """Per sample, the number of tokens before its first sampled (loss-mask) token, kept in
-    ``[1, len - 1]`` so every sample has a prompt and at least one scored token."""
-    out = []
-    for s in samples:
-        m = np.asarray(s.loss_mask) > 0
-        n = len(s.token_ids)
-        p = int(np.argmax(m)) if m.any() else n - 1
-        out.append(max(1, min(p, n - 1)))
-    return out
-
-
-def group_prompts(ids: Sequence[np.ndarray], plen: Sequence[int]) -> tuple[list[np.ndarray], np.ndarray]:
-    """Distinct prompts (in order of first appearance) and, per sample, its prompt's index."""
-    index: dict[bytes, int] = {}
-    unique: list[np.ndarray] = []
-    inverse = np.empty(len(ids), dtype=np.int64)
-    for b, (x, p) in enumerate(zip(ids, plen)):
-        prompt = np.ascontiguousarray(np.asarray(x[:p], dtype=np.int64))
-        key = prompt.tobytes()
-        if key not in index:
-            index[key] = len(unique)
-            unique.append(prompt)
-        inverse[b] = index[key]
-    return unique, inverse
 
 
 def _select_rows(cache, rows: torch.Tensor) -> None:
@@ -98,18 +73,14 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     images = images if images is not None else [[] for _ in samples]
     path = scoring_path(policy)
     if path == "packed" and policy.is_vision:
-        from learner.packed import vision_applies
-
         path = "packed" if vision_applies(policy, samples) else "full"
     if path == "full":
         return full_logprobs(policy, samples, images, temperature)
     with policy.autocast():
         if path == "packed":
-            from learner.packed import packed_logprobs
-
-            return packed_logprobs(policy, samples, temperature, images=images)
+            return packed.packed_logprobs(policy, samples, temperature, images=images)
         if policy.is_vision:
-            if _vision_prefix_applies(policy, samples):
+            if vision_applies(policy, samples):
                 return _vision_logprobs(policy, samples, images, temperature)
             return policy.token_logprobs(samples, images, temperature=temperature)
         return _text_logprobs(policy, samples, temperature)
@@ -124,9 +95,7 @@ def scoring_path(policy) -> str:
     layer that is recomputed in the backward pass would be written twice) and always in a
     sharded learner (every rank must make the same number of model calls, so it takes ``full``);
     without the cache a model whose attention takes a 4-D mask is packed (a vision batch whose
-    replies hold images takes ``full``: :func:`learner.packed.vision_applies`)."""
-    from learner import packed
-
+    replies hold images takes ``full``: :func:`learner.prompts.vision_applies`)."""
     if getattr(policy, "sharded", False):
         return "full"
     if policy.gradient_checkpointing and policy.model.training:
@@ -252,16 +221,6 @@ def _place(lp: torch.Tensor, plen: Sequence[int], slen: Sequence[int], t_max: in
     cols = (torch.as_tensor(plen, dtype=torch.long)[:, None] + torch.arange(s_max)[None]).to(device)
     full = torch.zeros(b, t_max + s_max, dtype=lp.dtype, device=device).scatter(1, cols, lp)
     return full[:, :t_max]
-
-
-def _vision_prefix_applies(policy, samples: Sequence) -> bool:
-    """Qwen2-VL-family model, and no vision token after any sample's first sampled token."""
-    from agents.policies import sampling_vl
-
-    if not sampling_vl.supports(policy.model):
-        return False
-    vision = np.asarray(policy.suppressed_ids, dtype=np.int64)
-    return not any(np.isin(np.asarray(s.token_ids)[p:], vision).any() for s, p in zip(samples, prompt_lengths(samples)))
 
 
 def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: float) -> torch.Tensor:

@@ -21,22 +21,12 @@ TINY = dict(tasks_per_iter=2, group_size=2, max_new_tokens=4, pretrain_steps=0, 
             final_eval_episodes=2, checkpoint_every=0, progress=False, tensorboard=False, threads=1)
 
 
-def _module_level(tree: ast.AST):
-    """The nodes outside function bodies (a module's imports, its ``if TYPE_CHECKING:`` blocks included)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(c for c in ast.iter_child_nodes(node)
-                     if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
-
-
 def _learner_imports() -> dict[str, set[str]]:
     out = {}
     for path in sorted((REPO / "learner").rglob("*.py")):
         name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
         found = set()
-        for node in _module_level(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -47,8 +37,9 @@ def _learner_imports() -> dict[str, set[str]]:
 
 
 def test_the_learner_package_imports_without_a_circle() -> None:
-    """Module-level imports, type-checking ones included: evaluation.py is handed what it needs,
-    it does not import run.py."""
+    """Every import, those inside functions and type-checking ones included: evaluation.py is
+    handed what it needs, it does not import run.py; the two scoring paths share
+    learner/prompts.py instead of importing each other."""
     graph = _learner_imports()
     assert "learner.run" not in graph["learner.evaluation"]
     done: set[str] = set()

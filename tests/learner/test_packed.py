@@ -11,6 +11,7 @@ from agents.record import Sample
 from learner import packed
 from learner.packed import packed_logprobs, tree_mask
 from learner.prefix import sampled_logprobs, scoring_path
+from learner.prompts import vision_applies
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +182,7 @@ def test_vision_batches_pack_under_checkpointing_and_match_the_full_forward(layo
     assert len({bytes(np.asarray(s.token_ids)[:int(np.argmax(s.loss_mask))]) for s in samples}) < len(samples)
     plain.model.train()
     checkpointed.model.train()
-    assert scoring_path(checkpointed) == "packed" and packed.vision_applies(checkpointed, samples)
+    assert scoring_path(checkpointed) == "packed" and vision_applies(checkpointed, samples)
     full, g_full = _values_and_grads(plain, samples, lambda s: plain.token_logprobs(s, images, temperature=0.7))
     fast, g_fast = _values_and_grads(checkpointed, samples,
                                      lambda s: sampled_logprobs(checkpointed, s, images, temperature=0.7))

@@ -161,12 +161,12 @@ def _assert_vision_same_as_full_forward(policy, records, temperature: float = 1.
 @pytest.mark.parametrize("context", ["window:0", "window:1"])
 def test_vision_shared_prompts_match_full_forward_with_gradients(vision_policy, context) -> None:
     from agents.rollout.runner import Runner
-    from learner.prefix import _vision_prefix_applies
+    from learner.prompts import vision_applies
 
     records, _ = Runner(vision_policy, "freshper/FrozenLakeVision-v0", group_size=2, max_new_tokens=4, seed=5,
                         context=context, env_kwargs={"feedback": False}).collect([21, 22], policy_version=0)
     samples = [s for r in records for s in r.samples if s.num_sampled]
-    assert _vision_prefix_applies(vision_policy, samples)
+    assert vision_applies(vision_policy, samples)
     _assert_vision_same_as_full_forward(vision_policy, records)
     _assert_vision_same_as_full_forward(vision_policy, records, temperature=0.7)
     _assert_vision_same_as_full_forward(vision_policy, records[:1])  # one distinct prompt: no cache repeat
@@ -174,11 +174,11 @@ def test_vision_shared_prompts_match_full_forward_with_gradients(vision_policy, 
 
 def test_vision_full_context_takes_the_full_forward(vision_policy) -> None:
     from agents.rollout.runner import Runner
-    from learner.prefix import _vision_prefix_applies
+    from learner.prompts import vision_applies
 
     records, _ = Runner(vision_policy, "freshper/FrozenLakeVision-v0", group_size=1, max_new_tokens=4, seed=5,
                         context="full").collect([23], policy_version=0)
     samples = [s for r in records for s in r.samples]
     if records[0].num_turns > 1:
-        assert not _vision_prefix_applies(vision_policy, samples)
+        assert not vision_applies(vision_policy, samples)
     _assert_vision_same_as_full_forward(vision_policy, records)
