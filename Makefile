@@ -101,7 +101,7 @@ test-vllm: setup-ray vllm-venv
 	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q tests/agents/engines/test_vllm.py tests/agents/engines/test_vllm_conformance.py tests/agents/engines/test_vllm_openai.py $(ARGS)
 
 # Weight-sync seconds (in memory vs files) and rollout tokens/s (vLLM vs the project's sampler);
-# docs/scaling.md, "The vLLM engine". ARGS="--sizes 0.5b" for the smaller model only.
+# docs/performance_scale.md, "The vLLM engine: weight sync and rollouts". ARGS="--sizes 0.5b" for the smaller model only.
 bench-vllm: setup vllm-venv
 	FRESHPER_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) benchmarks/vllm_sync_bench.py $(ARGS)
 

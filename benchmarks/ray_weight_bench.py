@@ -15,7 +15,7 @@ store way is the project's own (``state_to_numpy`` in, ``load_numpy_state`` out,
 tensor once (a tied head is its embedding). A publish is timed from the driver's first byte to every worker holding the new values
 (checked by a checksum against the driver's), the two ways taking turns ``--repeats`` times;
 median seconds per publish and the ratio collective / object store are printed side by side.
-Results: docs/scaling.md, "Weights to Ray workers".
+Results: docs/performance_scale.md, "Weights to Ray workers".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 feature combination, freshper's learner beside TRL's GRPOTrainer on the same model and batch.
 
     python benchmarks/real_scale.py                        # the CPU plan: the sizes 24 GB hold
-    python benchmarks/real_scale.py --plan gpu --device cuda   # one 80 GB GPU (docs/scaling.md)
+    python benchmarks/real_scale.py --plan gpu --device cuda   # one 80 GB GPU (docs/performance_scale.md)
     python benchmarks/real_scale.py --models qwen2.5-0.5b --features bf16,bf16+ckpt --no-trl
     python benchmarks/real_scale.py --plan gpu --device cuda --sharded   # + the 2-process learner (2 GPUs)
     python -m benchmarks.real_scale --memory-table          # the same, as a module
@@ -240,7 +240,7 @@ MEMORY_ROWS = [("qwen2.5-0.5b", "fp32", 1), ("qwen2.5-0.5b", "bf16", 1), ("qwen2
 
 
 def memory_table() -> str:
-    """The computed rows of the memory table (docs/scaling.md)."""
+    """The computed rows of the memory table (docs/performance_scale.md)."""
     lines = ["| model | parameters | training | GPUs | weights + grads + Adam + reference + sampler, GiB per GPU |",
              "|---|---:|---|---:|---:|"]
     for name, features, world in MEMORY_ROWS:

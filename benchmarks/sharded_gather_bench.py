@@ -8,7 +8,7 @@ stream (``learner.distributed.gather_into``) beside gathering the whole state fi
 Every rank holds its FSDP2 shard in fp32; rank 0 also holds the unsharded sampler (fp32 on the
 CPU). Rank 0 prints, per way, the median seconds of ``--repeats`` gathers (run alternately) and
 the largest rise of each rank's resident set above its level before a gather (sampled every
-2 ms). Results: docs/scaling.md, "The sharded learner".
+2 ms). Results: docs/performance_scale.md, "The sharded learner on a CPU".
 """
 
 from __future__ import annotations
