@@ -151,3 +151,34 @@ def test_live_play_in_the_viewer_with_the_real_model(folder: Path, tmp_path: Pat
     with torch.no_grad():
         rescored = policy.token_logprobs([sample])[0, : len(mask)].numpy()
     assert np.allclose(rescored[mask], sample.behavior_logprobs[mask], atol=1e-3)
+
+
+def test_a_ray_worker_plays_the_real_model_as_the_in_process_runner(folder: Path) -> None:
+    """A Ray rollout worker loads the real model from its folder, takes the learner's pushed
+    weights, and plays the same episodes token for token as the runner in this process."""
+    ray = pytest.importorskip("ray")
+    import torch
+
+    from agents.policies.policy import Policy
+    from agents.policies.spec import PolicySpec
+    from agents.rollout.runner import RolloutSettings
+    from agents.rollout.shards import ShardedCollector
+    from agents.rollout.workers import RayCollector, ray_init
+
+    torch.set_num_threads(1)  # what a worker uses on <= 2 CPUs
+    started = ray_init(num_cpus=2, object_store_memory=1024 * 2**20)
+    rollout = RolloutSettings("freshper/Arithmetic-v0", None, "window:0", group_size=2, max_new_tokens=8,
+                              max_context_tokens=1024)
+    policy = Policy.from_pretrained(folder)
+    collector = RayCollector(policy, folder, rollout, workers=1, spec=PolicySpec(), seed=0)
+    reference = ShardedCollector(rollout.runner(policy, seed=0), 1)
+    try:
+        request = {"seeds": [3, 4], "rng_seed": 17, "group_base": 0}
+        records, _ = collector.collect(**request, policy_version=0)
+        expected, _ = reference.collect(**request, policy_version=0)
+        assert len(records) == 4 and [r.to_bytes() for r in records] == [r.to_bytes() for r in expected]
+        assert all(s.num_sampled > 0 for r in records for s in r.samples)
+    finally:
+        collector.close()
+        if started:
+            ray.shutdown()
