@@ -1,5 +1,6 @@
 """``python -m agents.evaluate --base-url`` against vLLM's own OpenAI-compatible server (``vllm serve``
-from ``.venv-vllm`` on the CPU, serving the embedded model): its success rate and mean return
+from ``.venv-vllm`` on the CPU, serving the embedded model, and the real SmolLM2-135M-Instruct once
+``make test-real`` has converted it): its success rate and mean return
 fall within the 95% intervals of ``agents.evaluate`` on the same checkpoint in-process, and its
 records carry the replies' token ids and log-probs. Runs with ``make test-vllm`` (which sets
 ``FRESHPER_VLLM_PYTHON``); skipped otherwise."""
@@ -22,11 +23,27 @@ pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="the vLLM tests run with
 LAKE = "freshper/FrozenLake-v0"
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    from agents.policies.tiny import build_tiny_model
+#: The served model and the task it is evaluated on.
+CASES = {"tiny": LAKE, "smollm2-real": "freshper/Arithmetic-v0"}
 
-    model = str(build_tiny_model("text"))
+
+def _model(case: str) -> str:
+    if case == "tiny":
+        from agents.policies.tiny import build_tiny_model
+
+        return str(build_tiny_model("text"))
+    from agents.pretrained import converted_folder
+
+    folder = converted_folder("smollm2-135m-instruct")
+    if folder is None:
+        pytest.skip("SmolLM2-135M-Instruct is not converted: make test-real (python -m agents.pretrained pull "
+                    "smollm2-135m-instruct) first")
+    return str(folder)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def vllm_server(request, tmp_path_factory):
+    model = _model(request.param)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -50,7 +67,7 @@ def vllm_server(tmp_path_factory):
             time.sleep(2)
         else:
             pytest.fail(f"vllm serve did not come up in 600 s:\n{log.read_text()[-4000:]}")
-        yield url, model
+        yield url, model, CASES[request.param]
     finally:
         proc.terminate()
         try:
@@ -66,12 +83,13 @@ def test_the_eval_cli_against_vllm_agrees_with_in_process_evaluation(vllm_server
     from agents.policies.policy import Policy
     from agents.record import load_records
 
-    url, model = vllm_server
+    url, model, env_id = vllm_server
     torch.set_num_threads(1)
     episodes = 64
-    local = ev.evaluate(Policy.from_pretrained(model), LAKE, episodes=episodes, env_kwargs={"feedback": False},
+    kwargs = {"feedback": False} if env_id == LAKE else None
+    local = ev.evaluate(Policy.from_pretrained(model), env_id, episodes=episodes, env_kwargs=kwargs,
                         max_new_tokens=16)
-    code = ev.main(["--env", LAKE, "--base-url", url, "--model", model, "--episodes", str(episodes),
+    code = ev.main(["--env", env_id, "--base-url", url, "--model", model, "--episodes", str(episodes),
                     "--max-new-tokens", "16", "--concurrency", "8", "--token-ids", "--save", str(tmp_path / "ep")])
     assert code == 0, capsys.readouterr().err
     records = load_records(tmp_path / "ep")
