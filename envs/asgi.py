@@ -119,6 +119,20 @@ async def read_body(scope: dict[str, Any], receive: Any, limit: int, *, drain: i
             return b"".join(parts)
 
 
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON value; ``ValueError`` with what the client is told (a 400) when the
+    body is not UTF-8 JSON, nests too deeply or holds what JSON cannot read (an integer of
+    thousands of digits)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"the body is not valid UTF-8 JSON: {err}") from None
+    except RecursionError:
+        raise ValueError("the body's JSON is nested too deeply") from None
+    except ValueError as err:
+        raise ValueError(f"the body's JSON cannot be read: {err}") from None
+
+
 async def send_json(send: Any, status: int, data: bytes, *, close: bool = False) -> None:
     """An answer of JSON ``data`` (a 503 says ``Retry-After: 1``; ``close`` ends the connection)."""
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]

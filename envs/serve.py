@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.asgi import HTTPServer, Refused, read_body, send_json, serve_until_signal
+from envs.asgi import HTTPServer, Refused, parse_json, read_body, send_json, serve_until_signal
 from envs.asgi import Limits as HTTPLimits
 
 logger = logging.getLogger(__name__)
@@ -510,13 +510,9 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ServeError(400, f"the body is not valid UTF-8 JSON: {err}") from None
-    except RecursionError:
-        raise ServeError(400, "the body's JSON is nested too deeply") from None
-    except ValueError as err:  # e.g. an integer of thousands of digits
-        raise ServeError(400, _clip(f"the body's JSON cannot be read: {err}", 300)) from None
+        body = parse_json(raw)
+    except ValueError as err:
+        raise ServeError(400, _clip(str(err), 300)) from None
     if not isinstance(body, dict):
         raise ServeError(400, "the body must be a JSON object")
     return body

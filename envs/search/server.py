@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.asgi import HTTPServer, Refused, read_body, send_json, serve_until_signal
+from envs.asgi import HTTPServer, Refused, parse_json, read_body, send_json, serve_until_signal
 from envs.asgi import Limits as HTTPLimits
 from envs.search.retriever import BM25Retriever, Retriever
 
@@ -131,11 +131,9 @@ class RetrievalApp:
         server = self.server
         try:
             try:
-                body = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise BadRequest(400, f"the body is not valid UTF-8 JSON: {err}") from None
-            except RecursionError:
-                raise BadRequest(400, "the body's JSON is nested too deeply") from None
+                body = parse_json(raw)
+            except ValueError as err:
+                raise BadRequest(400, str(err)) from None
             queries, topk, return_scores = validate(body, server.limits)
             server.count_request()
             hits = server.retriever.search(queries, topk) if queries else []
