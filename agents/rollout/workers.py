@@ -213,7 +213,10 @@ class RayCollector:
         self.next_iteration = int(start_iteration)
         self.max_restarts = int(max_restarts)
         self.owns_ray = ray_init(num_cpus=num_cpus or max(2, self.workers))
-        self.model_files = ray.put(read_folder(model_path))
+        files = read_folder(model_path)
+        self._check_object_store(sum(len(b) for b in files.values()))
+        self.model_files = ray.put(files)
+        del files
         # workers generate with this process's torch threads: fp32 sums of another thread count round differently
         self.rollout, self.seed = rollout, int(seed)
         self.threads = threads if threads is not None else _torch_threads()
@@ -237,6 +240,18 @@ class RayCollector:
             raise
         logger.info("%d rollout workers up (%s, %s)", self.workers, self.engine.engine,
                     ", ".join(f"pid {i['pid']} on {i['host']}" for i in infos))
+
+    def _check_object_store(self, folder_bytes: int) -> None:
+        """The object store holds the model folder (for starting workers) and one published
+        copy of the weights at once; smaller than that, Ray spills to disk, and on a nearly
+        full disk that fails mid-run. Say so before the first episode."""
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.policy.model.parameters())
+        need = folder_bytes + weight_bytes
+        have = float(self.ray.cluster_resources().get("object_store_memory", 0.0))
+        if have and have < need:
+            logger.warning("the Ray object store (%.2f GiB) is smaller than the model folder plus one copy of its "
+                           "weights (%.2f GiB): objects will spill to disk. Start Ray with a larger "
+                           "--object-store-memory (`ray start`, then RAY_ADDRESS).", have / 2**30, need / 2**30)
 
     # -- workers ---------------------------------------------------------------------------
     def _new_worker(self, slot: int) -> Any:

@@ -166,7 +166,8 @@ def test_a_ray_worker_plays_the_real_model_as_the_in_process_runner(folder: Path
     from agents.rollout.workers import RayCollector, ray_init
 
     torch.set_num_threads(1)  # what a worker uses on <= 2 CPUs
-    started = ray_init(num_cpus=2, object_store_memory=1024 * 2**20)
+    # the fp32 folder (0.54 GB) and one pushed copy of its weights fit without spilling to disk
+    started = ray_init(num_cpus=2, object_store_memory=2048 * 2**20)
     rollout = RolloutSettings("freshper/Arithmetic-v0", None, "window:0", group_size=2, max_new_tokens=8,
                               max_context_tokens=1024)
     policy = Policy.from_pretrained(folder)
