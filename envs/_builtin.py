@@ -148,3 +148,28 @@ register(
 #: (the embedded tiny model's shared tokenizer learns from these alone, agents/policies/tiny.py).
 BUILTIN_IDS: frozenset[str] = frozenset(set(registry._TASKS) - _BEFORE)
 del _BEFORE
+
+# The figure tasks ship with freshper too, registered after BUILTIN_IDS so the shared tokenizer
+# (and every cached default model and pretraining) stays as it was: like a plugin's task, each
+# gets an embedded tiny model whose tokenizer also learned from its own episodes.
+register(
+    "freshper/GeometryVision-v0",
+    "envs.geometry:GeometryVisionEnv",
+    modality="vision",
+    description="Plane geometry with a drawn diagram whose values are on the picture alone (preset easy|medium|hard|mixed); numeric answer, 3 attempts.",
+    kwargs={},
+)
+register(
+    "freshper/Geometry-v0",
+    "envs.geometry:GeometryEnv",
+    modality="text",
+    description="GeometryVision's problems with the figure described in words (the text twin).",
+    kwargs={},
+)
+register(
+    "freshper/ChartQA-v0",
+    "envs.chartqa:ChartQAEnv",
+    modality="vision",
+    description="Questions about a bar, line or pie chart of generated data, the chart the only place the data is (preset easy|medium|hard); 2 attempts.",
+    kwargs={},
+)

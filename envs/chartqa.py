@@ -1,0 +1,273 @@
+"""Questions about a chart: ``freshper/ChartQA-v0``.
+
+Every ``reset`` draws a chart of generated data from the seeded RNG, a bar chart, a line chart
+or a pie chart, with each value written on it, and a question whose answer is read or computed
+from it. The chart is the only place the data is: the text names the categories a question is
+about but holds no value (and no digit at all). Answers are exact: a whole number, a category
+or month name, or ``rise``/``fall``; an average is asked to one decimal place (within 0.05).
+:mod:`envs.figure_qa` reads and checks them, never running them.
+
+Params: ``chart`` (bar|line|pie), ``labels`` (category names, months for a line chart),
+``values`` (whole numbers; a pie's add up to 100, its percentages) and ``question``:
+
+- ``max`` / ``min``: the label with the largest / smallest value (always unique);
+- ``value`` (``a``): the value of label ``a``;
+- ``diff`` (``a``, ``b``): value of ``a`` minus value of ``b`` (``a`` the larger);
+- ``sum``: the total of all values; ``pair_sum`` (``a``, ``b``): value of ``a`` plus value of ``b``;
+- ``average``: the mean value, to one decimal place;
+- ``count_above`` (``a``): how many labels have a larger value than ``a``;
+- ``trend`` (line): ``rise`` or ``fall`` from the first month to the last (never equal);
+- ``increases`` (line): in how many months the value went up from the month before;
+- ``change`` (line): value of the last month minus the first (negative when it fell).
+
+Presets: ``easy`` (bar charts of 3-4 categories; largest, smallest, a value), ``medium`` (bar,
+line and pie charts of 4-6; also differences, a trend, a share) and ``hard`` (5-7; sums,
+averages, counts, changes, increases).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from envs.base import ClientKwarg
+from envs.figure_qa import SUPERSAMPLE, Answer, FigureQAEnv, Problem, choose, font, number_word
+
+CATEGORIES = ("apple", "pear", "plum", "fig", "kiwi", "lime", "grape", "mango", "peach", "melon", "lemon", "cherry")
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+CHARTS = ("bar", "line", "pie")
+#: Preset -> (charts, number of labels (low, high), largest value, questions per chart).
+PRESETS: dict[str, dict[str, Any]] = {
+    "easy": {"charts": ("bar",), "n": (3, 4), "top": 20, "questions": {"bar": ("max", "min", "value")}},
+    "medium": {"charts": CHARTS, "n": (4, 6), "top": 50,
+               "questions": {"bar": ("max", "min", "value", "diff"), "line": ("value", "max", "trend", "diff"),
+                             "pie": ("max", "min", "value", "diff")}},
+    "hard": {"charts": CHARTS, "n": (5, 7), "top": 99,
+             "questions": {"bar": ("sum", "average", "count_above", "diff"),
+                           "line": ("change", "increases", "average", "diff"),
+                           "pie": ("pair_sum", "count_above", "diff", "min")}},
+}
+QUESTIONS = ("max", "min", "value", "diff", "sum", "pair_sum", "average", "count_above", "trend", "increases",
+             "change")
+_PALETTE = ((66, 118, 196), (230, 126, 34), (46, 160, 90), (200, 60, 60), (142, 94, 180), (120, 90, 60),
+            (220, 100, 170), (110, 110, 110))
+
+
+def _unique_extremes(values: list[int]) -> bool:
+    return values.count(max(values)) == 1 and values.count(min(values)) == 1
+
+
+def _draw_values(rng: np.random.Generator, chart: str, n: int, top: int) -> list[int]:
+    while True:
+        if chart == "pie":  # percentages of at least 5 that add up to 100: n parts >= 1 of 100 - 4n, plus 4 each
+            m = 100 - 4 * n
+            cuts = np.sort(rng.choice(np.arange(1, m), n - 1, replace=False))
+            values = [int(v) + 4 for v in np.diff(np.concatenate([[0], cuts, [m]]))]
+        else:
+            values = [int(v) for v in rng.integers(1, top + 1, n)]
+        if _unique_extremes(values) and len(set(values)) > 1:
+            return values
+
+
+def draw_params(rng: np.random.Generator, preset: str) -> dict[str, Any]:
+    """A chart and a question of ``preset`` drawn from ``rng``."""
+    spec = PRESETS[preset]
+    chart = choose(rng, spec["charts"])
+    n = int(rng.integers(spec["n"][0], spec["n"][1] + 1))
+    if chart == "line":
+        start = int(rng.integers(len(MONTHS) - n + 1))
+        labels = list(MONTHS[start:start + n])
+    else:
+        labels = [CATEGORIES[i] for i in rng.choice(len(CATEGORIES), n, replace=False)]
+    values = _draw_values(rng, chart, n, spec["top"])
+    kind = choose(rng, spec["questions"][chart])
+    question: dict[str, Any] = {"type": kind}
+    if kind in ("value", "count_above"):
+        question["a"] = choose(rng, labels)
+    elif kind in ("diff", "pair_sum"):
+        i, j = (int(v) for v in rng.choice(n, 2, replace=False))
+        while values[i] == values[j]:
+            i, j = (int(v) for v in rng.choice(n, 2, replace=False))
+        if values[i] < values[j]:
+            i, j = j, i
+        question["a"], question["b"] = labels[i], labels[j]
+    elif kind == "trend" and values[0] == values[-1]:
+        values[-1] = values[-1] + 1 if values[-1] < spec["top"] else values[-1] - 1
+    return {"chart": chart, "labels": labels, "values": values, "question": question}
+
+
+def build_problem(kind: str, params: dict[str, Any]) -> Problem:
+    """The chart question ``params`` (``kind`` is its chart): answer, words and question."""
+    chart, labels, values, q = params.get("chart"), params.get("labels"), params.get("values"), params.get("question")
+    if chart not in CHARTS or chart != kind:
+        raise ValueError(f"chart must be one of {list(CHARTS)} and equal the kind, got {chart!r} / {kind!r}")
+    if not (isinstance(labels, list) and isinstance(values, list) and 2 <= len(labels) == len(values) <= 12
+            and len(set(labels)) == len(labels) and all(isinstance(v, str) and v for v in labels)
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1000 for v in values)):
+        raise ValueError("a chart needs 2-12 distinct labels and as many whole values in [0, 1000]")
+    if chart == "pie" and sum(values) != 100:
+        raise ValueError("a pie chart's values are percentages adding up to 100")
+    if not isinstance(q, dict) or q.get("type") not in QUESTIONS:
+        raise ValueError(f"question must be a dict whose type is one of {list(QUESTIONS)}")
+    value_of = dict(zip(labels, values))
+    for key in ("a", "b"):
+        if key in q and q[key] not in value_of:
+            raise ValueError(f"question label {q[key]!r} is not on the chart")
+    t, a, b = q["type"], q.get("a"), q.get("b")
+    unit = " percent" if chart == "pie" else ""
+    what, whats = ("month", "months") if chart == "line" else ("category", "categories")
+    thing = "share" if chart == "pie" else "value"
+    labels_choice = tuple(labels)
+    if t in ("max", "min"):
+        best = max(values) if t == "max" else min(values)
+        if values.count(best) != 1:
+            raise ValueError(f"the {t} of this chart is not unique")
+        answer = Answer(labels[values.index(best)], choices=labels_choice)
+        ask = f"Which {what} has the {'largest' if t == 'max' else 'smallest'} {thing}? Answer with its name."
+    elif t == "value":
+        _need(a)
+        answer = Answer(Fraction(value_of[a]))
+        ask = f"What is the {thing} of {a}{' in percent' if chart == 'pie' else ''}?"
+    elif t == "diff":
+        _need(a, b)
+        answer = Answer(Fraction(value_of[a] - value_of[b]))
+        ask = f"How much larger is the {thing} of {a} than that of {b}{' in percentage points' if chart == 'pie' else ''}?"
+    elif t == "sum":
+        answer = Answer(Fraction(sum(values)))
+        ask = "What is the total of all the values?"
+    elif t == "pair_sum":
+        _need(a, b)
+        answer = Answer(Fraction(value_of[a] + value_of[b]))
+        ask = f"What is the combined {thing} of {a} and {b}{' in percent' if chart == 'pie' else ''}?"
+    elif t == "average":
+        answer = Answer(sum(values) / len(values), 1)
+        ask = f"What is the average {thing}, to one decimal place?"
+    elif t == "count_above":
+        _need(a)
+        answer = Answer(Fraction(sum(v > value_of[a] for v in values)))
+        ask = f"How many {whats} have a larger {thing} than {a}?"
+    elif t in ("trend", "increases", "change"):
+        if chart != "line":
+            raise ValueError(f"a {t} question needs a line chart")
+        if t == "trend":
+            if values[0] == values[-1]:
+                raise ValueError("a trend question needs different first and last values")
+            answer = Answer("rise" if values[-1] > values[0] else "fall", choices=("rise", "fall"))
+            ask = f"Overall, did the value rise or fall from {labels[0]} to {labels[-1]}? Answer rise or fall."
+        elif t == "increases":
+            answer = Answer(Fraction(sum(y > x for x, y in zip(values, values[1:]))))
+            ask = "In how many months did the value go up from the month before?"
+        else:
+            answer = Answer(Fraction(values[-1] - values[0]))
+            ask = (f"By how much did the value change from {labels[0]} to {labels[-1]}? "
+                   "Write a fall as a negative number.")
+    else:  # pragma: no cover (QUESTIONS is checked above)
+        raise ValueError(t)
+    title = {"bar": "a bar chart", "line": "a line chart", "pie": "a pie chart"}[chart]
+    data = ", ".join(f"{label} {value}{unit}" for label, value in zip(labels, values))
+    statement = f"The figure is {title} of {number_word(len(labels))} {whats}: {data}."
+    figure = f"The figure is {title} of {number_word(len(labels))} {whats}, each with its {thing} written on it."
+    return Problem(chart, params, answer, statement, figure, ask, tuple(values))
+
+
+def _need(*labels: Any) -> None:
+    if any(label is None for label in labels):
+        raise ValueError("this question names its label(s) in 'a' (and 'b')")
+
+
+def draw_problem(rng: np.random.Generator, preset: str) -> Problem:
+    params = draw_params(rng, preset)
+    return build_problem(params["chart"], params)
+
+
+# -- pictures ---------------------------------------------------------------------------------------
+def draw_figure(problem: Problem, size: tuple[int, int]) -> np.ndarray:
+    """The chart: values written on the bars, beside the points, or in the pie's legend."""
+    p = problem.params
+    s = SUPERSAMPLE
+    w, h = size[0] * s, size[1] * s
+    image = Image.new("RGB", (w, h), (255, 255, 255))
+    d = ImageDraw.Draw(image)
+    small = font(11 * s)
+    labels, values = p["labels"], p["values"]
+    n = len(values)
+
+    def centred(x: float, y: float, text: str, fill=(20, 20, 20)) -> None:
+        left, top, right, bottom = d.textbbox((0, 0), text, font=small)
+        d.text((x - (right - left) / 2 - left, y - (bottom - top) / 2 - top), text, fill=fill, font=small)
+
+    if p["chart"] in ("bar", "line"):
+        x0, x1, y0, y1 = 14 * s, w - 10 * s, h - 24 * s, 14 * s  # plot area: left, right, bottom (axis), top
+        top = max(values)
+        scale = (y0 - y1 - 14 * s) / max(top, 1)
+        d.line([(x0, y0), (x1, y0)], fill=(40, 40, 40), width=s)
+        slot = (x1 - x0) / n
+        points = []
+        for i, (label, value) in enumerate(zip(labels, values)):
+            cx = x0 + slot * (i + 0.5)
+            y = y0 - value * scale
+            centred(cx, y0 + 11 * s, label)
+            if p["chart"] == "bar":
+                half = min(slot * 0.32, 22 * s)
+                d.rectangle([cx - half, y, cx + half, y0], fill=_PALETTE[i % len(_PALETTE)])
+                centred(cx, y - 8 * s, str(value))
+            points.append((cx, y))
+        if p["chart"] == "line":
+            colour = _PALETTE[0]
+            d.line(points, fill=colour, width=2 * s)
+            for i, (cx, y) in enumerate(points):
+                r = 3 * s
+                d.ellipse([cx - r, y - r, cx + r, y + r], fill=colour)
+                # the value above the point, or below it where the line comes down to it from above on both sides
+                before = points[i - 1][1] if i > 0 else y + 1
+                after = points[i + 1][1] if i + 1 < n else y + 1
+                below = before < y and after < y
+                centred(cx, y + (11 if below else -11) * s, str(values[i]))
+    else:  # pie: the pie on the left, a legend with each share on the right
+        radius = min(h * 0.42, w * 0.26)
+        cx, cy = w * 0.30, h / 2
+        start = -90.0
+        for i, value in enumerate(values):
+            end = start + 360.0 * value / 100
+            d.pieslice([cx - radius, cy - radius, cx + radius, cy + radius], start, end, fill=_PALETTE[i % len(_PALETTE)],
+                       outline=(255, 255, 255), width=s)
+            start = end
+        row = min(22 * s, (h - 20 * s) / n)
+        lx, ly = w * 0.60, h / 2 - row * (n - 1) / 2
+        for i, (label, value) in enumerate(zip(labels, values)):
+            y = ly + row * i
+            d.rectangle([lx, y - 5 * s, lx + 10 * s, y + 5 * s], fill=_PALETTE[i % len(_PALETTE)])
+            text = f"{label} {value}%"
+            left, top, right, bottom = d.textbbox((0, 0), text, font=small)
+            d.text((lx + 15 * s - left, y - (bottom - top) / 2 - top), text, fill=(20, 20, 20), font=small)
+    return np.asarray(image.resize(size, Image.LANCZOS), dtype=np.uint8)
+
+
+class ChartQAEnv(FigureQAEnv):
+    """A question about a chart of generated data; the chart is the only place the data is.
+
+    Args:
+        preset: ``easy`` (the default), ``medium`` or ``hard``.
+        max_attempts: answers per episode (2); a wrong one with an attempt left is told so.
+        image_size: the chart's ``(width, height)`` (336 x 252: 12 x 9 tiles of 28 pixels).
+    """
+
+    modality = "vision"
+    PRESETS: ClassVar = PRESETS
+    DEFAULT_PRESET: ClassVar[str] = "easy"
+    DEFAULT_ATTEMPTS: ClassVar[int] = 2
+    DEFAULT_IMAGE_SIZE: ClassVar[tuple[int, int]] = (336, 252)
+    topic: ClassVar[str] = "Answer the question about the chart"
+    client_kwargs: ClassVar = {**FigureQAEnv.client_kwargs, "preset": ClientKwarg(str, choices=tuple(PRESETS))}
+
+    def draw_problem(self, rng: np.random.Generator, preset: str) -> Problem:
+        return draw_problem(rng, preset)
+
+    def build_problem(self, kind: str, params: dict[str, Any]) -> Problem:
+        return build_problem(kind, params)
+
+    def draw_figure(self, problem: Problem, size: tuple[int, int]) -> np.ndarray:
+        return draw_figure(problem, size)
