@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -109,15 +109,16 @@ class Answer:
         return f"{decimal:g}" if Fraction(f"{decimal:g}") == value else f"{value.numerator}/{value.denominator}"
 
     def parse(self, content: str) -> tuple[Any, str | None]:
-        """``(value, None)`` for a well-formed answer, ``(None, why)`` for a malformed one."""
+        """``(value, None)`` for an answer of this answer's kind, ``(None, why)`` for one that
+        cannot be read as it (a word where a number is asked, a name the question does not allow)."""
         if self.is_label:
             word = content.strip().rstrip(".").strip().lower()
             if word not in {c.lower() for c in self.choices}:
-                return None, f"{_shown(content)} is not one of the answers this question allows."
+                return None, f"Your answer {_shown(content)} is not one of the names this question allows."
             return word, None
         value = parse_number(content)
         if value is None:
-            return None, f"{_shown(content)} is not a number; answer like <answer>42</answer> or <answer>17.5</answer>."
+            return None, f"Your answer {_shown(content)} is not a number (write it in digits: a whole number, a decimal or a fraction)."
         return value, None
 
     def check(self, parsed: Any) -> bool:
@@ -267,13 +268,10 @@ class FigureQAEnv(MultiTurnEnv):
         return text
 
     def render_text(self) -> str:
-        """The problem in words (what the picture shows, for a vision task), the answers so far,
-        and the right answer once the episode is over."""
-        lines = [self.problem.text_question]
-        lines += [f"answer: {a} -> {'correct' if ok else 'not correct'}" for a, ok in self.history]
-        if self.history and (self.history[-1][1] or self.attempts >= self.max_attempts):
-            lines.append(f"gold: {self.problem.answer.text()}")
-        return "\n".join(lines)
+        """The figure in words, its values included (the text twin's statement): what a vision
+        task's picture shows, as ``envs.play`` prints it and as ``--reasoning state`` has the
+        policy write it before answering."""
+        return self.problem.statement
 
     def parse_action(self, reply: str) -> tuple[Any, str | None]:
         content = extract_tag(reply)
@@ -283,22 +281,26 @@ class FigureQAEnv(MultiTurnEnv):
             return None, "the answer is empty; write it between <answer> and </answer>."
         if len(content) > MAX_ANSWER_CHARS:
             return None, f"the answer is longer than {MAX_ANSWER_CHARS} characters."
-        value, error = self.problem.answer.parse(content)
-        return (None, error) if error else ((content, value), None)
+        return content, None
 
-    def apply_action(self, action: tuple[str, Any]) -> tuple[float, str, bool, bool]:
-        content, value = action
+    def apply_action(self, content: str) -> tuple[float, str, bool, bool]:
+        """Check an answer: one attempt, whatever it holds. An answer that cannot be read as the
+        question's kind (not a number, not one of the allowed names) is not correct, and the
+        feedback says why (a reply's well-formedness does not depend on the problem: a tagged,
+        non-empty answer of at most ``MAX_ANSWER_CHARS`` is a valid reply)."""
         self.attempts += 1
-        correct = self.problem.answer.check(value)
+        value, unreadable = self.problem.answer.parse(content)
+        correct = unreadable is None and self.problem.answer.check(value)
         self.history.append((content, correct))
         shown = _shown(content, 40)
         if correct:
             return 1.0, f"Your answer {shown} is correct.", True, True
+        why = f"{unreadable[:-1]}; it" if unreadable else f"Your answer {shown}"
         if self.attempts < self.max_attempts:
             left = self.max_attempts - self.attempts
-            return 0.0, (f"Your answer {shown} is not correct; try again ({number_word(left)} attempt"
+            return 0.0, (f"{why} is not correct; try again ({number_word(left)} attempt"
                          f"{'s' if left > 1 else ''} left)."), False, False
-        return 0.0, f"Your answer {shown} is not correct.", True, False
+        return 0.0, f"{why} is not correct. The answer was {self.problem.answer.text()}.", True, False
 
     def sample_reply(self, rng: np.random.Generator) -> str:
         """A random well-formed answer of the answer's kind, never its value (a number with as
@@ -306,8 +308,13 @@ class FigureQAEnv(MultiTurnEnv):
         return self.problem.answer.random_reply(rng)
 
     def outcome_text(self, terminated: bool, success: bool) -> str:
-        """``correct`` or ``not correct``: what an answer leads to (the dynamics target)."""
-        return "correct" if success else "not correct"
+        """What an answer leads to (pretraining's dynamics target): ``correct`` or ``not correct``
+        where it ends the episode; else the figure in words (:meth:`render_text`), which is also
+        the target of pretraining's observe examples (``--pretrain-observe``: the picture ->
+        its values, the perception a vision policy needs)."""
+        if terminated:
+            return "correct" if success else "not correct"
+        return self.render_text()
 
     def task_info(self) -> dict[str, Any]:
         return {"preset": self.preset, "kind": self.problem.kind, "problem": copy.deepcopy(self.problem.to_dict()),
@@ -466,5 +473,3 @@ def choose(rng: np.random.Generator, items: Sequence[Any]) -> Any:
     """One of ``items``, uniformly (``rng.choice`` would turn tuples into arrays)."""
     return items[int(rng.integers(len(items)))]
 
-
-KindFn = Callable[..., Any]

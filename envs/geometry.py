@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from envs.base import ClientKwarg
-from envs.figure_qa import (ASK_INK, GIVEN_INK, INK, Answer, Canvas, FigureQAEnv, Problem, choose, fmt)
+from envs.figure_qa import ASK_INK, GIVEN_INK, Answer, Canvas, FigureQAEnv, Problem, choose, fmt
 
 #: Preset -> the (kind, level) pairs it draws from, uniformly.
 PRESETS: dict[str, tuple[tuple[str, str], ...]] = {
