@@ -40,8 +40,21 @@ class Task:
     config: str
     iterations: int
     extra: list[str] = field(default_factory=list)
+    #: build the start once (the config's pretraining or warm-up, in ``<out>/<task>/start``) and
+    #: start every run from its policy (``--model start/reference --pretrain-steps 0``): paired
+    #: seeds share one start, and a given model's warm-up, which is not cached, is not repeated
+    shared_start: bool = False
+    #: FreshPER's tau for this task (the ``fresh`` arm)
+    fresh_tau: float = 10.0
+    #: ablations (keys of ``ABLATIONS``) run as arms of this task's table, ``fresh_<key>``
+    arms: tuple[str, ...] = ()
+    #: delete a finished run's weights (checkpoints, KL reference) as soon as it finishes: the
+    #: table reads metrics and summaries only, and a real model's run folder holds ~2 GB of them
+    prune: bool = False
 
 
+#: FreshPER's tau on the real model: set from the drift its pilot measured (experiments/paper_real)
+TAU_REAL = 4.0
 TASKS = {
     "frozenlake": Task("FrozenLake 4x4, text", "configs/frozenlake_default.yaml", 400),
     "frozenlake_vision": Task("FrozenLake 4x4, image", "configs/frozenlake_vision.yaml", 150),
@@ -49,6 +62,10 @@ TASKS = {
     # one pretrained start for every seed (its 2,400 steps at width 256 take ~25-50 minutes per
     # start): the seeds vary RL alone, so the intervals are RL's spread from that start
     "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60, ["--start-seed", "0"]),
+    # a real pretrained chat model: one own-answer warm-up shared by every run, tau and the drift
+    # knobs (lr, no KL penalty) from the pilot in experiments/paper_real (docs/results/paper_real.md)
+    "real_arithmetic": Task("Arithmetic, SmolLM2-135M-Instruct", "configs/paper_real_arithmetic.yaml", 16,
+                            shared_start=True, fresh_tau=TAU_REAL, arms=("tauauto",), prune=True),
 }
 #: The paper's methods, replay as FreshPER's defaults here (one replay update per iteration, tau = 10
 #: optimizer steps), on B x G trajectories per replay update (``--replay-batch none``, set below).
@@ -78,10 +95,47 @@ def _fresh_with(flags: list[str]) -> list[str]:
 
 
 def task_arms(ablations: bool, task: str) -> dict[str, list[str]]:
+    spec = TASKS[task]
     arms = dict(METHODS)
+    if spec.fresh_tau != 10.0:
+        arms["fresh"] = _fresh_with(["--tau", f"{spec.fresh_tau:g}"])
+    arms.update({f"fresh_{k}": _fresh_with(ABLATIONS[k]) for k in spec.arms})
     if ablations and task == "frozenlake":
         arms.update({f"fresh_{k}": _fresh_with(v) for k, v in ABLATIONS.items()})
     return arms
+
+
+def shared_start(folder: Path, spec: Task, common: list[str]) -> list[str]:
+    """Build the task's start once in ``folder/start`` (one iteration of the config, its
+    pretraining included; the KL reference it saves is the policy before RL) and return the
+    flags that start a run from it."""
+    start = folder / "start"
+    if not (start / "summary.json").exists():
+        import shutil
+        import subprocess
+
+        shutil.rmtree(start, ignore_errors=True)  # an interrupted build starts over
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(REPO / "train.py"), *common, "--iterations", "1", "--eval-every", "0",
+               "--runs-root", str(folder), "--run-name", "start", "--seed", "0", "--no-progress"]
+        print(f"building the shared start in {start}", flush=True)
+        with (folder / "start.log").open("a", encoding="utf-8") as log:
+            log.write(f"$ {shlex.join(cmd)}\n")
+            log.flush()
+            done = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise SystemExit(f"building the shared start failed (exit {done.returncode}, see {folder / 'start.log'})")
+    return ["--model", str(start / "reference"), "--pretrain-steps", "0"]
+
+
+def prune_weights(run: Path) -> None:
+    """Delete a finished run's checkpoints and KL reference (its metrics, summary, evaluation
+    episodes and config stay: all the table reads)."""
+    import shutil
+
+    if (run / "summary.json").exists():
+        for name in ("checkpoints", "reference"):
+            shutil.rmtree(run / name, ignore_errors=True)
 
 
 # -- reading the runs -------------------------------------------------------------------------------
@@ -184,7 +238,8 @@ def pair_lines(label: str, pairs: list[tuple[str, dict[int, RunResult], dict[int
     return [label, "", "| pair (A - B) | seeds | final: A - B | curve mean: A - B |", "|---|---|---|---|", *rows, ""]
 
 
-def along_lines(by_seed: dict[str, dict[int, RunResult]], arms: list[str]) -> list[str]:
+def along_lines(by_seed: dict[str, dict[int, RunResult]], arms: list[str],
+                sizes: tuple[int, int] = (200, 64)) -> list[str]:
     """Each replay arm against on-policy at every held-out evaluation of the run (paired on seeds,
     matched by environment episodes): where one method gets ahead, not only where it ends."""
     base = by_seed.get("none", {})
@@ -208,7 +263,7 @@ def along_lines(by_seed: dict[str, dict[int, RunResult]], arms: list[str]) -> li
         rows.append(f"| {episodes:,.0f} | " + " | ".join(cells) + " |")
     head = "| episodes | none | " + " | ".join(f"{m} | {m} - none" for m in others) + " |"
     return ["Along the way: held-out success at each evaluation (the start of RL, the periodic evaluations on "
-            "64 tasks, the final one on 200), and each replay arm minus on-policy on the same seeds:", "",
+            f"{sizes[1]} tasks, the final one on {sizes[0]}), and each replay arm minus on-policy on the same seeds:", "",
             head, "|---|" + "---|" * (1 + 2 * len(others)), *rows, ""]
 
 
@@ -350,13 +405,16 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
     folder of runs of the same arms (e.g. one setting changed for all) to pair each arm with."""
     img_dir = doc.parent / "img"
     img_dir.mkdir(parents=True, exist_ok=True)
+    sizes = eval_sizes(out, tasks)
     lines = [f"# {title}", "",
              "Written by `python -m learner.tools paper-table` from the run folders under "
              f"`{out}` (each number is the mean over seeds of a run's `summary.json` / `metrics.jsonl`, with "
              "a 95% t-interval over seeds). Held-out success is sampled at temperature 1 on the same held-out tasks "
-             "for every run: final = the last iteration's evaluation (200 test tasks), best = the best of the periodic "
-             "evaluations (64 tasks each: the first 64 test tasks in runs made before the periodic evaluations moved "
-             "to validation tasks, validation tasks since) and the final one (so it is biased upwards by evaluation noise), "
+             f"for every run: final = the last iteration's evaluation ({sizes[0]} test tasks), best = the best of the periodic "
+             + (f"evaluations ({sizes[1]} tasks each: the first {sizes[1]} test tasks in runs made before the periodic evaluations moved "
+                "to validation tasks, validation tasks since)" if sizes == (200, 64) else
+                f"evaluations ({sizes[1]} validation tasks each)")
+             + " and the final one (so it is biased upwards by evaluation noise), "
              "drop = final - best, curve mean = the mean of the periodic evaluations (the area under the learning "
              "curve per evaluation: how early a method gets there, not only where it ends). Every method of a "
              "task has the same environment-episode budget.", ""]
@@ -388,11 +446,12 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
         png = img_dir / f"{doc.stem}_{task}.png"  # paper.md: img/paper_<task>.png
         _plot(task, spec.name, {m: r for m, r in results.items() if not m.startswith("fresh_")}, png)
         details += [f"## {spec.name}", "", f"![held-out success, {spec.name}]({png.relative_to(doc.parent)})", ""]
-        main_arms = [m for m in ("fresh", "per", "uniform", "none") if by_seed.get(m)]  # A before B
+        main_arms = [m for m in ("fresh", *(f"fresh_{k}" for k in spec.arms), "per", "uniform", "none")
+                     if by_seed.get(m)]  # A before B
         details += pair_lines("Paired differences between the methods (same seeds; final and curve mean as in the "
                               "table):", [(f"{a} - {b}", by_seed[a], by_seed[b]) for i, a in enumerate(main_arms)
                                           for b in main_arms[i + 1:]])
-        details += along_lines(by_seed, [m for m in METHODS if by_seed.get(m)])
+        details += along_lines(by_seed, [m for m in METHODS if by_seed.get(m)], sizes)
         if against is not None:
             other = {m: {s: r for s in seeds if (r := read_run(against / task / f"{m}_s{s}")) is not None}
                      for m in by_seed}
@@ -445,6 +504,19 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
     return text
 
 
+def eval_sizes(out: Path, tasks: list[str]) -> tuple[int, int]:
+    """The final and the periodic evaluations' task counts of the runs in the report (their
+    ``config.yaml``); the tiny default's recipes' (200, 64) where no run says otherwise."""
+    import yaml
+
+    found = set()
+    for task in tasks:
+        for config in sorted((out / task).glob("*_s*/config.yaml"))[:1]:
+            cfg = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+            found.add((int(cfg.get("final_eval_episodes", 200)), int(cfg.get("eval_episodes", 64))))
+    return found.pop() if len(found) == 1 else (200, 64)
+
+
 def recorded_iterations(folder: Path) -> int | None:
     """The iteration budget the finished runs in ``folder`` share (their ``config.yaml``), or
     None when there are none or they differ."""
@@ -486,13 +558,22 @@ def main(argv: list[str] | None = None) -> int:
             iterations = recorded_iterations(out / task) or iterations
         common = ["--config", str(REPO / spec.config), "--iterations", str(iterations),
                   *spec.extra, "--replay-batch", "none", *args.extra]
-        shown = ["--config", str(spec.config), *common[2:]]  # the checkout-relative path a reader types
+        start = []
+        if spec.shared_start:
+            start = ["--model", str(out / task / "start" / "reference"), "--pretrain-steps", "0"]
+            commands.append(f"# {spec.name}, the shared start: python train.py --config {spec.config} "
+                            f"{shlex.join(spec.extra + args.extra)} --iterations 1 --eval-every 0 "
+                            f"--runs-root {out / task} --run-name start --seed 0")
+        shown = ["--config", str(spec.config), *common[2:], *start]  # the checkout-relative path a reader types
         commands.append(f"# {spec.name}: python train.py {shlex.join(shown)} --seed <k> <method flags>")
         for arm, flags in arms.items():
             commands.append(f"#   {arm}: {shlex.join(flags)}")
         if not args.report_only:
             print(f"== {spec.name}: {len(arms)} settings x {len(seeds)} seeds", flush=True)
-            failed += run_sweep(out / task, arms, seeds, common, args.jobs)
+            if spec.shared_start:
+                start = shared_start(out / task, spec, ["--config", str(REPO / spec.config), *spec.extra, *args.extra])
+            failed += run_sweep(out / task, arms, seeds, common + start, args.jobs,
+                                on_finish=prune_weights if spec.prune else None)
     text = write_report(out, Path(args.doc), args.tasks, seeds, args.ablations, commands, args.against, args.title)
     print(text.split("\n## ")[0])
     if failed:

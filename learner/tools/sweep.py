@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: train.py and configs/
 
@@ -43,8 +44,10 @@ def job_command(out: Path, arm: str, seed: int, flags: list[str], common: list[s
             "--update-threads", "1", "--no-progress", *common, *flags]
 
 
-def run_sweep(out: Path, arms: dict[str, list[str]], seeds: list[int], common: list[str], jobs: int) -> list[str]:
-    """Run every (arm, seed) not yet finished, ``jobs`` at a time; return the failed run names."""
+def run_sweep(out: Path, arms: dict[str, list[str]], seeds: list[int], common: list[str], jobs: int,
+              on_finish: Callable[[Path], None] | None = None) -> list[str]:
+    """Run every (arm, seed) not yet finished, ``jobs`` at a time; return the failed run names.
+    ``on_finish`` is called with each run folder that finished well, as it finishes."""
     out.mkdir(parents=True, exist_ok=True)
     queue = [(arm, s) for s in seeds for arm in arms if not (out / f"{arm}_s{s}" / "summary.json").exists()]
     total, done, failed = len(queue), 0, []
@@ -74,6 +77,8 @@ def run_sweep(out: Path, arms: dict[str, list[str]], seeds: list[int], common: l
             status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {out / (name + '.log')})"
             if proc.returncode != 0:
                 failed.append(name)
+            elif on_finish is not None:
+                on_finish(out / name)
             print(f"[{done}/{total}] {name}: {status} in {time.monotonic() - started:.0f} s", flush=True)
     return failed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,39 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
     text = doc.read_text()
     assert f"Each arm against the same arm's runs in `{out}`" in text
     assert "| fresh - fresh there | 1 | 0.000 (0 of 1 ahead) |" in text
+
+
+@pytest.mark.slow
+def test_a_shared_start_is_built_once_every_run_starts_from_it_and_finished_runs_drop_their_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task with ``shared_start`` builds its start (the config's pretraining) once in
+    ``<out>/<task>/start``; every run is started from its policy with no pretraining of its own,
+    and with ``prune`` a finished run keeps its metrics and summary but not its weights."""
+    import yaml
+
+    from learner.tools import paper_table
+
+    spec = paper_table.Task("FrozenLake 4x4, text", "configs/frozenlake_default.yaml", 1, shared_start=True,
+                            prune=True)
+    monkeypatch.setitem(paper_table.TASKS, "shared", spec)
+    flags = [f if f != "0" or TINY[i - 1] != "--pretrain-steps" else "2" for i, f in enumerate(TINY)]  # a start to build
+    out, doc = tmp_path / "paper", tmp_path / "docs" / "results.md"
+    argv = ["--out", str(out), "--tasks", "shared", "--methods", "none", "fresh", "--seeds", "0", "--jobs", "2",
+            "--doc", str(doc), "--", *flags]
+    assert paper_table.main(argv) == 0
+    start = out / "shared" / "start"
+    assert (start / "summary.json").exists() and (start / "reference" / "config.json").exists()
+    assert json.loads((start / "metrics.jsonl").read_text().splitlines()[0])["kind"] == "pretrain"
+    built = (start / "summary.json").stat().st_mtime_ns
+    for arm in ("none", "fresh"):
+        run = out / "shared" / f"{arm}_s0"
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["model"] == str(start / "reference") and config["pretrain_steps"] == 0
+        assert not any(json.loads(line)["kind"] == "pretrain" for line in (run / "metrics.jsonl").read_text().splitlines())
+        assert (run / "summary.json").exists() and not (run / "checkpoints").exists() and not (run / "reference").exists()
+    text = doc.read_text()
+    assert "| FrozenLake 4x4, text | fresh | 1 |" in text
+    assert "--run-name start --seed 0" in text and f"--model {start / 'reference'} --pretrain-steps 0" in text
+    # a second call finds the start built and every run finished
+    assert paper_table.main(argv) == 0
+    assert (start / "summary.json").stat().st_mtime_ns == built
