@@ -146,6 +146,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     from learner.report import seed_interval
@@ -163,6 +164,9 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, title in zip(axes, ("KL(behaviour || now) per sampled token", "token IS effective sample size (normalised)",
                                 "share of tokens outside the clip |w - 1| > 0.2")):
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # ages as numbers, not 2x10^0
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("age of the stored trajectory (optimizer steps)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)

@@ -63,7 +63,7 @@ TASKS = {
     # start): the seeds vary RL alone, so the intervals are RL's spread from that start
     "searchqa": Task("SearchQA (embedded KB)", "configs/searchqa.yaml", 60, ["--start-seed", "0"]),
     # a real pretrained chat model: one own-answer warm-up shared by every run, tau and the drift
-    # knobs (lr, no KL penalty) from the pilot in experiments/paper_real (docs/results/paper_real.md)
+    # knobs (lr, no KL penalty) from the pilot in experiments/paper_real/README.md
     "real_arithmetic": Task("Arithmetic, SmolLM2-135M-Instruct", "configs/paper_real_arithmetic.yaml", 16,
                             shared_start=True, fresh_tau=TAU_REAL, arms=("tauauto",), prune=True),
 }
