@@ -150,6 +150,9 @@ class RunResult:
     age_edges: list[float] | None
     tau_last: float | None
     updates: dict[str, float] = field(default_factory=dict)  # means over the replay iterations
+    #: share of tokens outside the clip range per age bucket (the on-policy update's age 0 and the
+    #: replay update's older ones), mean over the iterations that replayed
+    clip: dict[str, float] = field(default_factory=dict)
     #: mean held-out success of the periodic evaluations (start of RL and final excluded): the
     #: area under the learning curve per evaluation, a sample-efficiency score over the whole run
     curve_mean: float = float("nan")
@@ -181,6 +184,11 @@ def read_run(run: Path) -> RunResult | None:
         values = [r[key] for r in trains if key in r and r.get("buffer_size")]
         if values:
             ess[key.removeprefix("ess/age_")] = float(np.mean(values))
+    clip: dict[str, float] = {}
+    for key in sorted({k for r in trains for k in r if k.startswith(("clip_out/age_", "replay_clip_out/age_"))}):
+        values = [r[key] for r in trains if key in r and r.get("buffer_size")]
+        if values:
+            clip[key.split("/age_", 1)[1]] = float(np.mean(values))
     last = next((r for r in reversed(trains) if "buffer_age_mass" in r), None)
     replayed = [r for r in trains if r.get("buffer_size") and "replay_grad_norm" in r]
     updates = {k: float(np.mean([r[k] for r in replayed if k in r])) for k in UPDATE_KEYS
@@ -195,7 +203,7 @@ def read_run(run: Path) -> RunResult | None:
     periodic = [r["success"] for r in evals if str(r.get("phase", "")).startswith("iter_")]
     return RunResult(final=final["success"], best=max(s for _, _, s in curve) if curve else final["success"],
                      curve_mean=float(np.mean(periodic)) if periodic else float("nan"),
-                     final_return=final.get("return_mean", float("nan")), evals=curve, ess=ess,
+                     final_return=final.get("return_mean", float("nan")), evals=curve, ess=ess, clip=clip,
                      age_mass=None if last is None else last["buffer_age_mass"],
                      age_edges=None if last is None else last.get("buffer_age_edges"),
                      tau_last=None if last is None else last.get("tau"), updates=updates)
@@ -474,6 +482,18 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                          for b in buckets]
                 details.append(f"| {method} | " + " | ".join(cells) + " |")
             details.append("")
+            clip_buckets = sorted({b for runs in replay.values() for r in runs for b in r.clip},
+                                  key=lambda b: float(b.split("-")[0].rstrip("+")))
+            if clip_buckets:
+                details += ["Share of tokens outside the clip range `|w - 1| > eps` (mean over training) by age in "
+                            "optimizer steps (age 0: the on-policy update's):", "",
+                            "| method | " + " | ".join(f"age {b}" for b in clip_buckets) + " |",
+                            "|---|" + "---|" * len(clip_buckets)]
+                for method, runs in replay.items():
+                    cells = [f"{np.mean([r.clip[b] for r in runs if b in r.clip]):.3f}"
+                             if any(b in r.clip for r in runs) else "" for b in clip_buckets]
+                    details.append(f"| {method} | " + " | ".join(cells) + " |")
+                details.append("")
             keys = [k for k in UPDATE_KEYS if any(k in r.updates for runs in replay.values() for r in runs)]
             if keys:
                 details += ["The updates of an iteration (means over training and seeds; gradient norms before "

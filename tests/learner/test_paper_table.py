@@ -27,6 +27,8 @@ def test_the_table_script_runs_every_method_and_writes_the_table_and_plots(tmp_p
         assert f"| FrozenLake 4x4, text | {method} | 1 |" in text
     assert (doc.parent / "img" / "results_frozenlake.png").stat().st_size > 10_000
     assert "IS effective sample size per token" in text and "age 1-2" in text
+    clip = text.split("Share of tokens outside the clip range")[1].split("\n\n")[1].splitlines()
+    assert clip[0].startswith("| method | age 0 | age 1-2") and clip[2].startswith("| per | 0.000 | ")  # age 0: on-policy
     assert "Sampling mass by item age" in text and "- fresh:" in text
     assert "| method | on-policy update: gradient norm | replay update: gradient norm |" in text
     assert "| replay update: median gradient norm | replay updates above the clip |" in text
