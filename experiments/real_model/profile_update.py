@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--attention", action="store_true",
+                    help="instead: the bf16 update with the reference under PyTorch's SDPA kernels and eager attention")
     a = ap.parse_args()
     from agents.policies.policy import Policy
     from agents.rollout.runner import Runner
@@ -59,6 +61,8 @@ def main() -> None:
                       np.zeros(len(records)), loss_cfg=LossSettings(kl_coef=kl), on_policy=True)
         return time.perf_counter() - t
 
+    if a.attention:
+        return attention_ab(a, update, policies["bfloat16"], refs["bfloat16"])
     settings = [(d, kl) for d in ("bfloat16", "float32") for kl in (0.04, 0.0)]
     for s in settings:
         update(*s)  # warm-up
@@ -77,6 +81,28 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             update("bfloat16", 0.04)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def attention_ab(a, update, policy, ref) -> None:
+    """The bf16 update with the reference, alternating the attention implementation of both
+    models between PyTorch's SDPA (the default) and the eager matmul-softmax-matmul."""
+    def use(impl: str) -> None:
+        for m in (policy.model, ref.model):
+            m.set_attn_implementation(impl)
+
+    times: dict[str, list[float]] = {"sdpa": [], "eager": []}
+    for impl in times:
+        use(impl)
+        update("bfloat16", 0.04)  # warm-up
+    for _ in range(a.repeats):
+        for impl in times:
+            use(impl)
+            times[impl].append(update("bfloat16", 0.04))
+    base = statistics.median(times["sdpa"])
+    print("| attention | update s (median) | runs | vs SDPA |\n|---|---:|---|---:|")
+    for impl, ts in times.items():
+        print(f"| {impl} | {statistics.median(ts):.2f} | {', '.join(f'{t:.2f}' for t in ts)} | {statistics.median(ts) / base:.2f}x |")
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
