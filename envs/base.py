@@ -129,6 +129,20 @@ class ClientKwarg:
         return value
 
 
+def free_answer(reply: str, max_chars: int) -> tuple[str | None, str | None]:
+    """``(content, None)`` for a reply whose last ``<answer>...</answer>`` holds a non-empty
+    answer of at most ``max_chars`` characters (a free-form answer the task then checks), else
+    ``(None, why)``: the shared well-formedness rule of the answer tasks."""
+    content = extract_tag(reply)
+    if content is None:
+        return None, "no <answer>...</answer> found; end your reply with <answer>your answer</answer>."
+    if not content:
+        return None, "the answer is empty; write it between <answer> and </answer>."
+    if len(content) > max_chars:
+        return None, f"the answer is longer than {max_chars} characters."
+    return content, None
+
+
 def _short(value: Any, n: int = 60) -> str:
     if isinstance(value, int) and value.bit_length() > 100:  # repr of a huge int is slow, or refused
         return f"an integer of {value.bit_length()} bits"

@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from envs.answer_guard import guarded
-from envs.base import COMMON_CLIENT_KWARGS, IMAGE_PLACEHOLDER, ClientKwarg, MultiTurnEnv, extract_tag
+from envs.base import COMMON_CLIENT_KWARGS, IMAGE_PLACEHOLDER, ClientKwarg, MultiTurnEnv, free_answer
 
 #: A number as a reply may write it: an integer, a decimal or a fraction, with an optional sign.
 _NUMBER = re.compile(r"^([+-]?)\s*(\d{1,12}(?:\.\d{1,12})?|\.\d{1,12}|\d{1,12}\s*/\s*\d{1,12})$")
@@ -183,7 +183,8 @@ class FigureQAEnv(MultiTurnEnv):
     """Base of the figure tasks: a problem with a picture, answered in ``<answer>...</answer>``.
 
     Subclasses set ``PRESETS`` (preset name -> the kinds it draws), ``topic`` and implement
-    :meth:`draw_problem`, :meth:`build_problem` and :meth:`draw_figure`.
+    :meth:`draw_problem`, :meth:`build_problem` and :meth:`draw_figure` (their module's
+    functions, as static methods).
 
     Args:
         preset: which problems are drawn (the subclass's ``PRESETS``).
@@ -274,14 +275,7 @@ class FigureQAEnv(MultiTurnEnv):
         return self.problem.statement
 
     def parse_action(self, reply: str) -> tuple[Any, str | None]:
-        content = extract_tag(reply)
-        if content is None:
-            return None, "no <answer>...</answer> found; end your reply with <answer>your answer</answer>."
-        if not content:
-            return None, "the answer is empty; write it between <answer> and </answer>."
-        if len(content) > MAX_ANSWER_CHARS:
-            return None, f"the answer is longer than {MAX_ANSWER_CHARS} characters."
-        return content, None
+        return free_answer(reply, MAX_ANSWER_CHARS)
 
     def apply_action(self, content: str) -> tuple[float, str, bool, bool]:
         """Check an answer: one attempt, whatever it holds. An answer that cannot be read as the

@@ -518,14 +518,9 @@ class GeometryEnv(FigureQAEnv):
     topic: ClassVar[str] = "Solve the geometry problem"
     client_kwargs: ClassVar = {**FigureQAEnv.client_kwargs, "preset": ClientKwarg(str, choices=tuple(PRESETS))}
 
-    def draw_problem(self, rng: np.random.Generator, preset: str) -> Problem:
-        return draw_problem(rng, preset)
-
-    def build_problem(self, kind: str, params: dict[str, Any]) -> Problem:
-        return build_problem(kind, params)
-
-    def draw_figure(self, problem: Problem, size: tuple[int, int]) -> np.ndarray:
-        return draw_figure(problem, size)
+    draw_problem = staticmethod(draw_problem)
+    build_problem = staticmethod(build_problem)
+    draw_figure = staticmethod(draw_figure)
 
 
 class GeometryVisionEnv(GeometryEnv):

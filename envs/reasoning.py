@@ -63,7 +63,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from envs.answer_guard import UnsafeAnswer, guarded
-from envs.base import COMMON_CLIENT_KWARGS, ClientKwarg, MultiTurnEnv, extract_tag
+from envs.base import COMMON_CLIENT_KWARGS, ClientKwarg, MultiTurnEnv, free_answer
 
 logger = logging.getLogger(__name__)
 
@@ -511,14 +511,7 @@ class ReasoningGymEnv(MultiTurnEnv):
         return text
 
     def parse_action(self, reply: str) -> tuple[Any, str | None]:
-        content = extract_tag(reply)
-        if content is None:
-            return None, "no <answer>...</answer> found; end your reply with <answer>your answer</answer>."
-        if not content:
-            return None, "the answer is empty; write it between <answer> and </answer>."
-        if len(content) > self.max_answer_chars:
-            return None, f"the answer is longer than {self.max_answer_chars} characters."
-        return content, None
+        return free_answer(reply, self.max_answer_chars)
 
     def apply_action(self, answer: str) -> tuple[float, str, bool, bool]:
         self.attempts += 1

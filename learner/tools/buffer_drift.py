@@ -45,13 +45,14 @@ def checkpoint_of(path: Path) -> Path:
     return found[-1]
 
 
-def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict]:
+def buffer_buckets(ckpt: Path, per_bucket: int, seed: int):
+    """A checkpoint's policy (eval mode) and its replay buffer by age bucket: for each bucket
+    that holds items, ``(bucket index, ages of the chosen items, the chosen trajectories,
+    how many the bucket holds)``, at most ``per_bucket`` chosen at random (``seed``)."""
     import numpy as np
     import torch
 
     from agents.policies.policy import Policy
-    from learner.batch import batch_logprobs, make_batches
-    from learner.loss import effective_sample_size
     from learner.state import REPLAY_FILE, TrajectoryCodec
     from replay.buffer import ReplayBuffer
 
@@ -64,14 +65,27 @@ def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict
     rng = np.random.default_rng(seed)
     policy = Policy.from_pretrained(ckpt / "model")
     policy.model.eval()
-    rows = []
+    buckets = []
     for b in range(len(EDGES)):
         idx = np.flatnonzero(which == b)
         if idx.size == 0:
             continue
         if idx.size > per_bucket:
             idx = np.sort(rng.choice(idx, per_bucket, replace=False))
-        trajs = [items[i] for i in idx]
+        buckets.append((b, ages[idx], [items[i] for i in idx], int((which == b).sum())))
+    return policy, buckets
+
+
+def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from learner.batch import batch_logprobs, make_batches
+    from learner.loss import effective_sample_size
+
+    policy, buckets = buffer_buckets(ckpt, per_bucket, seed)
+    rows = []
+    for b, ages, trajs, in_buffer in buckets:
         gaps = []
         with torch.no_grad():
             for batch in make_batches(trajs, micro_batch=micro_batch):
@@ -80,8 +94,8 @@ def drift(ckpt: Path, per_bucket: int, seed: int, micro_batch: int) -> list[dict
                 gaps.append((batch.behavior_logprobs[mask] - now[mask]).double())
         gap = torch.cat(gaps)
         w = torch.exp(-gap)
-        rows.append({"bucket": bucket_name(b), "age_mean": float(ages[idx].mean()), "trajectories": int(idx.size),
-                     "in_buffer": int((which == b).sum()), "tokens": int(gap.numel()),
+        rows.append({"bucket": bucket_name(b), "age_mean": float(ages.mean()), "trajectories": len(trajs),
+                     "in_buffer": in_buffer, "tokens": int(gap.numel()),
                      "success": float(np.mean([t.success for t in trajs])), "kl": float(gap.mean()),
                      "ess": effective_sample_size(w),
                      "outside_clip": float(((w - 1).abs() > 0.2).double().mean())})

@@ -105,10 +105,14 @@ def task_arms(ablations: bool, task: str) -> dict[str, list[str]]:
     return arms
 
 
-def shared_start(folder: Path, spec: Task, common: list[str]) -> list[str]:
-    """Build the task's start once in ``folder/start`` (one iteration of the config, its
-    pretraining included; the KL reference it saves is the policy before RL) and return the
-    flags that start a run from it."""
+def start_flags(folder: Path) -> list[str]:
+    """The flags that start a run from the task's shared start in ``folder/start``."""
+    return ["--model", str(folder / "start" / "reference"), "--pretrain-steps", "0"]
+
+
+def shared_start(folder: Path, common: list[str]) -> None:
+    """Build the task's start once in ``folder/start``: one iteration of the config, its
+    pretraining included; the KL reference it saves is the policy before RL."""
     start = folder / "start"
     if not (start / "summary.json").exists():
         import shutil
@@ -125,7 +129,6 @@ def shared_start(folder: Path, spec: Task, common: list[str]) -> list[str]:
             done = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         if done.returncode != 0:
             raise SystemExit(f"building the shared start failed (exit {done.returncode}, see {folder / 'start.log'})")
-    return ["--model", str(start / "reference"), "--pretrain-steps", "0"]
 
 
 def prune_weights(run: Path) -> None:
@@ -179,16 +182,8 @@ def read_run(run: Path) -> RunResult | None:
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("decoding") == "sampled" and not kept_policy_row(r)]
     curve = [(r["episodes"], seconds_at.get(r["iteration"], 0.0), r["success"]) for r in evals]
     final = summary["evals"]["final"]
-    ess: dict[str, float] = {}
-    for key in sorted({k for r in trains for k in r if k.startswith("ess/age_")}):
-        values = [r[key] for r in trains if key in r and r.get("buffer_size")]
-        if values:
-            ess[key.removeprefix("ess/age_")] = float(np.mean(values))
-    clip: dict[str, float] = {}
-    for key in sorted({k for r in trains for k in r if k.startswith(("clip_out/age_", "replay_clip_out/age_"))}):
-        values = [r[key] for r in trains if key in r and r.get("buffer_size")]
-        if values:
-            clip[key.split("/age_", 1)[1]] = float(np.mean(values))
+    ess = _by_age(trains, ("ess/age_",))
+    clip = _by_age(trains, ("clip_out/age_", "replay_clip_out/age_"))
     last = next((r for r in reversed(trains) if "buffer_age_mass" in r), None)
     replayed = [r for r in trains if r.get("buffer_size") and "replay_grad_norm" in r]
     updates = {k: float(np.mean([r[k] for r in replayed if k in r])) for k in UPDATE_KEYS
@@ -207,6 +202,17 @@ def read_run(run: Path) -> RunResult | None:
                      age_mass=None if last is None else last["buffer_age_mass"],
                      age_edges=None if last is None else last.get("buffer_age_edges"),
                      tau_last=None if last is None else last.get("tau"), updates=updates)
+
+
+def _by_age(trains: list[dict], prefixes: tuple[str, ...]) -> dict[str, float]:
+    """A per-age-bucket measure (metrics keys ``<prefix><bucket>``) averaged over the iterations
+    that replayed, by bucket."""
+    out: dict[str, float] = {}
+    for key in sorted({k for r in trains for k in r if k.startswith(prefixes)}):
+        values = [r[key] for r in trains if key in r and r.get("buffer_size")]
+        if values:
+            out[key.split("/age_", 1)[1]] = float(np.mean(values))
+    return out
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float, float]:
@@ -319,6 +325,21 @@ def _tau_of(method: str) -> float | None:
         return float(flags[flags.index("--tau") + 1])
     except ValueError:  # auto
         return None
+
+
+def by_age_lines(label: str, replay: dict[str, list[RunResult]], field_name: str) -> list[str]:
+    """A table of a per-age-bucket measure (``ess``, ``clip``) per arm, mean over its runs."""
+    values = {m: [getattr(r, field_name) for r in runs] for m, runs in replay.items()}
+    buckets = sorted({b for per_run in values.values() for v in per_run for b in v},
+                     key=lambda b: float(b.split("-")[0].rstrip("+")))
+    if not buckets:
+        return []
+    lines = [label, "", "| method | " + " | ".join(f"age {b}" for b in buckets) + " |", "|---|" + "---|" * len(buckets)]
+    for method, per_run in values.items():
+        cells = [f"{np.mean([v[b] for v in per_run if b in v]):.3f}" if any(b in v for v in per_run) else ""
+                 for b in buckets]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def ablation_lines(by_seed: dict[str, dict[int, RunResult]]) -> list[str]:
@@ -472,28 +493,10 @@ def write_report(out: Path, doc: Path, tasks: list[str], seeds: list[int], ablat
                 details += [f"![FreshPER's settings, {spec.name}]({abl_png.relative_to(doc.parent)})", ""]
         replay = {m: r for m, r in results.items() if r and r[0].ess}
         if replay:
-            buckets = sorted({b for runs in replay.values() for r in runs for b in r.ess},
-                             key=lambda b: float(b.split("-")[0].rstrip("+")))
-            details += ["IS effective sample size per token (normalised, mean over training) by age in optimizer steps:", "",
-                        "| method | " + " | ".join(f"age {b}" for b in buckets) + " |",
-                        "|---|" + "---|" * len(buckets)]
-            for method, runs in replay.items():
-                cells = [f"{np.mean([r.ess[b] for r in runs if b in r.ess]):.3f}" if any(b in r.ess for r in runs) else ""
-                         for b in buckets]
-                details.append(f"| {method} | " + " | ".join(cells) + " |")
-            details.append("")
-            clip_buckets = sorted({b for runs in replay.values() for r in runs for b in r.clip},
-                                  key=lambda b: float(b.split("-")[0].rstrip("+")))
-            if clip_buckets:
-                details += ["Share of tokens outside the clip range `|w - 1| > eps` (mean over training) by age in "
-                            "optimizer steps (age 0: the on-policy update's):", "",
-                            "| method | " + " | ".join(f"age {b}" for b in clip_buckets) + " |",
-                            "|---|" + "---|" * len(clip_buckets)]
-                for method, runs in replay.items():
-                    cells = [f"{np.mean([r.clip[b] for r in runs if b in r.clip]):.3f}"
-                             if any(b in r.clip for r in runs) else "" for b in clip_buckets]
-                    details.append(f"| {method} | " + " | ".join(cells) + " |")
-                details.append("")
+            details += by_age_lines("IS effective sample size per token (normalised, mean over training) by age in "
+                                    "optimizer steps:", replay, "ess")
+            details += by_age_lines("Share of tokens outside the clip range `|w - 1| > eps` (mean over training) by "
+                                    "age in optimizer steps (age 0: the on-policy update's):", replay, "clip")
             keys = [k for k in UPDATE_KEYS if any(k in r.updates for runs in replay.values() for r in runs)]
             if keys:
                 details += ["The updates of an iteration (means over training and seeds; gradient norms before "
@@ -578,9 +581,8 @@ def main(argv: list[str] | None = None) -> int:
             iterations = recorded_iterations(out / task) or iterations
         common = ["--config", str(REPO / spec.config), "--iterations", str(iterations),
                   *spec.extra, "--replay-batch", "none", *args.extra]
-        start = []
+        start = start_flags(out / task) if spec.shared_start else []
         if spec.shared_start:
-            start = ["--model", str(out / task / "start" / "reference"), "--pretrain-steps", "0"]
             commands.append(f"# {spec.name}, the shared start: python train.py --config {spec.config} "
                             f"{shlex.join(spec.extra + args.extra)} --iterations 1 --eval-every 0 "
                             f"--runs-root {out / task} --run-name start --seed 0")
@@ -591,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             print(f"== {spec.name}: {len(arms)} settings x {len(seeds)} seeds", flush=True)
             if spec.shared_start:
-                start = shared_start(out / task, spec, ["--config", str(REPO / spec.config), *spec.extra, *args.extra])
+                shared_start(out / task, ["--config", str(REPO / spec.config), *spec.extra, *args.extra])
             failed += run_sweep(out / task, arms, seeds, common + start, args.jobs,
                                 on_finish=prune_weights if spec.prune else None)
     text = write_report(out, Path(args.doc), args.tasks, seeds, args.ablations, commands, args.against, args.title)
