@@ -20,9 +20,22 @@ Params: ``chart`` (bar|line|pie), ``labels`` (category names, months for a line 
 - ``increases`` (line): in how many months the value went up from the month before;
 - ``change`` (line): value of the last month minus the first (negative when it fell).
 
-Presets: ``easy`` (bar charts of 3-4 categories; largest, smallest, a value), ``medium`` (bar,
-line and pie charts of 4-6; also differences, a trend, a share) and ``hard`` (5-7; sums,
-averages, counts, changes, increases).
+Presets: ``grid`` (bar charts of 3-4 categories drawn on a grid of squares, one square per unit
+of value, values 1-5; largest, smallest, a value), ``easy`` (bar charts of 3-4 categories;
+largest, smallest, a value), ``medium`` (bar, line and pie charts of 4-6; also differences, a
+trend, a share) and ``hard`` (5-7; sums, averages, counts, changes, increases).
+
+The ``grid`` preset (``params["grid"]: true``) is the chart a small vision tower can read: each
+bar is one square wide and as many squares high as its value, a square being one 28-pixel visual
+token when the picture is a whole number of them (``image_size=[140, 140]``: five by five). A
+category's name under its bar would be a few pixels of letters, so each category has its own
+colour on every grid chart (``GRID_COLOURS``: its bar is found by what it looks like, wherever
+it stands) and the text names the categories from left to right. Its figure in words (the observe examples' target and
+``--reasoning state``'s think tag) is the values alone in the bars' order ("The bars from left to
+right are 3 4 5 4 squares high."), one token per value as the picture has one square per bar
+in a row: bar i's value is written as far after the bottom square of bar i as every other
+bar's after its own (the figure tasks put the picture last in the text). The values are still only in
+the picture.
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 CHARTS = ("bar", "line", "pie")
 #: Preset -> (charts, number of labels (low, high), largest value, questions per chart).
 PRESETS: dict[str, dict[str, Any]] = {
+    "grid": {"charts": ("bar",), "n": (3, 4), "top": 5, "questions": {"bar": ("max", "min", "value")}, "grid": True},
     "easy": {"charts": ("bar",), "n": (3, 4), "top": 20, "questions": {"bar": ("max", "min", "value")}},
     "medium": {"charts": CHARTS, "n": (4, 6), "top": 50,
                "questions": {"bar": ("max", "min", "value", "diff"), "line": ("value", "max", "trend", "diff"),
@@ -52,6 +66,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 QUESTIONS = ("max", "min", "value", "diff", "sum", "pair_sum", "average", "count_above", "trend", "increases",
              "change")
+#: The largest value a grid chart draws (its bars are this many squares high at most).
+GRID_TOP = 12
+#: A grid chart's square: one visual token of a Qwen2-VL-style vision tower (14-pixel patches merged 2 x 2).
+GRID_SQUARE = 28
+#: Each category's colour on grid charts: twelve colours far apart.
+GRID_COLOURS = {"apple": (230, 25, 75), "pear": (60, 180, 75), "plum": (145, 30, 180), "fig": (128, 64, 0),
+                "kiwi": (0, 128, 128), "lime": (210, 245, 60), "grape": (0, 0, 128), "mango": (245, 130, 48),
+                "peach": (240, 50, 230), "melon": (70, 240, 240), "lemon": (255, 225, 25), "cherry": (128, 0, 0)}
 _PALETTE = ((66, 118, 196), (230, 126, 34), (46, 160, 90), (200, 60, 60), (142, 94, 180), (120, 90, 60),
             (220, 100, 170), (110, 110, 110))
 
@@ -96,7 +118,10 @@ def draw_params(rng: np.random.Generator, preset: str) -> dict[str, Any]:
         question["a"], question["b"] = labels[i], labels[j]
     elif kind == "trend" and values[0] == values[-1]:
         values[-1] = values[-1] + 1 if values[-1] < spec["top"] else values[-1] - 1
-    return {"chart": chart, "labels": labels, "values": values, "question": question}
+    params = {"chart": chart, "labels": labels, "values": values, "question": question}
+    if spec.get("grid"):
+        params["grid"] = True
+    return params
 
 
 def build_problem(kind: str, params: dict[str, Any]) -> Problem:
@@ -110,6 +135,11 @@ def build_problem(kind: str, params: dict[str, Any]) -> Problem:
         raise ValueError("a chart needs 2-12 distinct labels and as many whole values in [0, 1000]")
     if chart == "pie" and sum(values) != 100:
         raise ValueError("a pie chart's values are percentages adding up to 100")
+    grid = params.get("grid", False)
+    if grid not in (True, False):
+        raise ValueError(f"grid must be true or false, got {grid!r}")
+    if grid and (chart != "bar" or not all(1 <= v <= GRID_TOP for v in values)):
+        raise ValueError(f"a grid chart is a bar chart of values 1-{GRID_TOP}")
     if not isinstance(q, dict) or q.get("type") not in QUESTIONS:
         raise ValueError(f"question must be a dict whose type is one of {list(QUESTIONS)}")
     value_of = dict(zip(labels, values))
@@ -169,7 +199,13 @@ def build_problem(kind: str, params: dict[str, Any]) -> Problem:
     title = {"bar": "a bar chart", "line": "a line chart", "pie": "a pie chart"}[chart]
     data = ", ".join(f"{label} {value}{unit}" for label, value in zip(labels, values))
     statement = f"The figure is {title} of {number_word(len(labels))} {whats}: {data}."
-    figure = f"The figure is {title} of {number_word(len(labels))} {whats}, each with its {thing} written on it."
+    if grid:  # the values alone, in the bars' order: each at the same place in every transcription of n bars
+        statement = f"The bars from left to right are {' '.join(str(v) for v in values)} squares high."
+    if grid:
+        figure = (f"The figure is {title} of {number_word(len(labels))} {whats}, from left to right "
+                  f"{', '.join(labels)}; each bar is as many squares high as its {thing}.")
+    else:
+        figure = f"The figure is {title} of {number_word(len(labels))} {whats}, each with its {thing} written on it."
     return Problem(chart, params, answer, statement, figure, ask, tuple(values))
 
 
@@ -187,6 +223,8 @@ def draw_problem(rng: np.random.Generator, preset: str) -> Problem:
 def draw_figure(problem: Problem, size: tuple[int, int]) -> np.ndarray:
     """The chart: values written on the bars, beside the points, or in the pie's legend."""
     p = problem.params
+    if p.get("grid"):
+        return _draw_grid(p["labels"], p["values"], size)
     s = SUPERSAMPLE
     w, h = size[0] * s, size[1] * s
     image = Image.new("RGB", (w, h), (255, 255, 255))
@@ -246,11 +284,44 @@ def draw_figure(problem: Problem, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(image.resize(size, Image.LANCZOS), dtype=np.uint8)
 
 
+def _draw_grid(labels: list[str], values: list[int], size: tuple[int, int]) -> np.ndarray:
+    """A grid chart: a column of squares per bar, as many as its value, in its category's colour
+    (:data:`GRID_COLOURS`; another label gets one of the palette's by its place), over light grid lines,
+    with the value of each row written in the first column (the axis) and the squares in the
+    picture's bottom-left corner. A square is :data:`GRID_SQUARE` pixels where the picture has
+    room for the axis, the bars and the rows at that size (else the largest size that fits)."""
+    w, h = size
+    n, rows = len(values), max(max(values), PRESETS["grid"]["top"])
+    cell = min(w // (n + 1), h // rows)
+    if cell >= GRID_SQUARE:
+        cell = GRID_SQUARE * (cell // GRID_SQUARE) if w % GRID_SQUARE == 0 and h % GRID_SQUARE == 0 else cell
+    image = Image.new("RGB", (w, h), (255, 255, 255))
+    d = ImageDraw.Draw(image)
+    bottom = h
+    small = font(max(8, cell * 11 // 28))
+    for r in range(rows):
+        y0 = bottom - (r + 1) * cell
+        text = str(r + 1)
+        left, top, right, low = d.textbbox((0, 0), text, font=small)
+        d.text((cell / 2 - (right - left) / 2 - left, y0 + cell / 2 - (low - top) / 2 - top), text,
+               fill=(90, 90, 90), font=small)
+    for i, (label, value) in enumerate(zip(labels, values)):
+        x0 = (i + 1) * cell
+        colour = GRID_COLOURS.get(label, _PALETTE[i % len(_PALETTE)])
+        d.rectangle([x0, bottom - value * cell, x0 + cell - 1, bottom - 1], fill=colour)
+    for k in range(rows + 1):  # grid lines over the plot: every square's edge, the bars' too
+        d.line([(cell, bottom - k * cell), ((n + 1) * cell - 1, bottom - k * cell)], fill=(210, 210, 210))
+    for k in range(1, n + 2):
+        d.line([(k * cell, bottom - rows * cell), (k * cell, bottom - 1)], fill=(210, 210, 210))
+    return np.asarray(image, dtype=np.uint8)
+
+
 class ChartQAEnv(FigureQAEnv):
     """A question about a chart of generated data; the chart is the only place the data is.
 
     Args:
-        preset: ``easy`` (the default), ``medium`` or ``hard``.
+        preset: ``easy`` (the default), ``medium``, ``hard`` or ``grid`` (draw it at
+            ``image_size=[140, 140]``: one 28-pixel square per unit).
         max_attempts: answers per episode (2); a wrong one with an attempt left is told so.
         image_size: the chart's ``(width, height)`` (336 x 252: 12 x 9 tiles of 28 pixels).
     """

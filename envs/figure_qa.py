@@ -260,12 +260,11 @@ class FigureQAEnv(MultiTurnEnv):
                 f"the final answer between <answer> and </answer>.{tries}")
 
     def state_text(self) -> str:
-        if self.modality == "vision":
-            text = f"{IMAGE_PLACEHOLDER}\n{self.problem.question}"
-        else:
-            text = self.problem.text_question
+        text = self.problem.question if self.modality == "vision" else self.problem.text_question
         if self.max_attempts > 1:
             text += f"\nAttempts left: {number_word(self.max_attempts - self.attempts)}."
+        if self.modality == "vision":  # the picture last, right before the reply (as FrozenLake's board)
+            text += f"\n{IMAGE_PLACEHOLDER}"
         return text
 
     def render_text(self) -> str:

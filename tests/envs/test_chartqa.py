@@ -87,8 +87,11 @@ def test_a_thousand_problems_per_preset_are_valid_and_their_answers_recompute(pr
         # the chart is the only place the data is
         assert not re.search(r"\d", problem.question), problem.question
         assert set(problem.given) == set(values)
-        for label, value in zip(labels, values):
-            assert f"{label} {value}" in problem.statement
+        if p.get("grid"):
+            assert problem.statement == f"The bars from left to right are {' '.join(map(str, values))} squares high."
+        else:
+            for label, value in zip(labels, values):
+                assert f"{label} {value}" in problem.statement
     # every chart and question of the preset comes up
     assert seen == {(c, t) for c in spec["charts"] for t in spec["questions"][c]}
 
@@ -98,11 +101,61 @@ def test_check_env_passes() -> None:
         check_env(envs.make(ENV, render_mode=mode).unwrapped)
     for preset in ("medium", "hard"):
         check_env(envs.make(ENV, preset=preset).unwrapped)
+    check_env(envs.make(ENV, preset="grid", image_size=[140, 140]).unwrapped)
+
+
+def read_grid(image: np.ndarray, n: int, square: int = 28) -> list[int]:
+    """A grid chart's values read off its pixels: the coloured squares above each bar's slot,
+    counted by the colour at each square's centre (the first column is the axis)."""
+    h = image.shape[0]
+    values = []
+    for i in range(n):
+        x = (i + 1) * square + square // 2
+        column = [image[h - r * square - square // 2, x] for r in range(h // square)]
+        filled = [int(c.min()) < 225 for c in column]  # a bar's square, not the white background
+        count = filled.index(False) if False in filled else len(filled)
+        assert not any(filled[count:]), "a bar's squares are contiguous from the bottom"
+        values.append(count)
+    return values
+
+
+def test_grid_charts_draw_one_square_per_unit_on_the_visual_tokens() -> None:
+    """The grid preset: each bar is one 28-pixel square wide and as many high as its value, in
+    the picture's bottom-left corner (so every square is one visual token at 140 x 140), in its
+    category's colour wherever it stands, and the text names the categories from left to right
+    and holds no value."""
+    env = envs.make(ENV, preset="grid", image_size=[140, 140])
+    for seed in range(200):
+        obs, info = env.reset(seed=seed)
+        p = info["problem"]["params"]
+        assert p["grid"] is True and obs["image"].shape == (140, 140, 3)
+        assert read_grid(obs["image"], len(p["values"])) == p["values"], (seed, p)
+        assert f"from left to right {', '.join(p['labels'])};" in obs["text"]
+        assert not re.search(r"\d", obs["text"])
+    # a category's bar has its colour wherever it stands
+    fig_first = {"chart": "bar", "labels": ["fig", "kiwi", "lime"], "values": [2, 3, 1], "question": {"type": "max"},
+                 "grid": True}
+    fig_last = {**fig_first, "labels": ["kiwi", "lime", "fig"], "values": [3, 1, 2]}
+    a = env.reset(options={"problem": {"kind": "bar", "params": fig_first}})[0]["image"]
+    b = env.reset(options={"problem": {"kind": "bar", "params": fig_last}})[0]["image"]
+    assert np.array_equal(a[:, 28:56], b[:, 84:112])
+    # the same chart at another size: squares shrink to fit, the bars still read
+    small = envs.make(ENV, preset="grid", image_size=[112, 112])
+    obs, info = small.reset(seed=1)
+    p = info["problem"]["params"]
+    cell = min(112 // (len(p["values"]) + 1), 112 // 5)
+    assert read_grid(obs["image"], len(p["values"]), cell) == p["values"]
+    # out-of-range grid charts are refused
+    bad = {"chart": "bar", "labels": ["apple", "fig", "kiwi"], "values": [2, 13, 1], "question": {"type": "max"}, "grid": True}
+    with pytest.raises(ValueError, match="grid chart"):
+        env.reset(options={"problem": {"kind": "bar", "params": bad}})
+    with pytest.raises(ValueError, match="grid must be"):
+        env.reset(options={"problem": {"kind": "bar", "params": {**bad, "values": [2, 3, 1], "grid": "yes"}}})
 
 
 @pytest.mark.parametrize("preset", sorted(chartqa.PRESETS))
 def test_the_text_holds_no_value_of_the_chart(preset: str) -> None:
-    env = envs.make(ENV, preset=preset)
+    env = envs.make(ENV, preset=preset, image_size=[336, 252])
     for seed in range(20):
         obs, info = env.reset(seed=seed)
         assert obs["text"].count(IMAGE_PLACEHOLDER) == 1
