@@ -30,7 +30,9 @@ bar is one square wide and as many squares high as its value, a square being one
 token when the picture is a whole number of them (``image_size=[140, 140]``: five by five). A
 category's name under its bar would be a few pixels of letters, so each category has its own
 colour on every grid chart (``GRID_COLOURS``: its bar is found by what it looks like, wherever
-it stands) and the text names the categories from left to right. Its figure in words (the observe examples' target and
+it stands) and the text names the categories from left to right. Its answers are one digit each: a value, or for the
+largest and the smallest the bar's place from the left (a name is several tokens the tiny
+model's tokenizer splits, and copying one is a skill of its own). Its figure in words (the observe examples' target and
 ``--reasoning state``'s think tag) is the values alone in the bars' order ("The bars from left to
 right are 3 4 5 4 squares high."), one token per value as the picture has one square per bar
 in a row: bar i's value is written as far after the bottom square of bar i as every other
@@ -155,12 +157,20 @@ def build_problem(kind: str, params: dict[str, Any]) -> Problem:
         best = max(values) if t == "max" else min(values)
         if values.count(best) != 1:
             raise ValueError(f"the {t} of this chart is not unique")
-        answer = Answer(labels[values.index(best)], choices=labels_choice)
-        ask = f"Which {what} has the {'largest' if t == 'max' else 'smallest'} {thing}? Answer with its name."
+        extreme = 'largest' if t == 'max' else 'smallest'
+        if grid:  # the bar's place from the left, a one-digit answer
+            answer = Answer(Fraction(values.index(best) + 1))
+            ask = f"Which bar has the {extreme} {thing}? Answer with its place from the left (one for the first bar)."
+        else:
+            answer = Answer(labels[values.index(best)], choices=labels_choice)
+            ask = f"Which {what} has the {extreme} {thing}? Answer with its name."
     elif t == "value":
         _need(a)
         answer = Answer(Fraction(value_of[a]))
-        ask = f"What is the {thing} of {a}{' in percent' if chart == 'pie' else ''}?"
+        if grid:
+            ask = f"What is the {thing} of {a}, the {_ORDINALS[labels.index(a)]} bar from the left?"
+        else:
+            ask = f"What is the {thing} of {a}{' in percent' if chart == 'pie' else ''}?"
     elif t == "diff":
         _need(a, b)
         answer = Answer(Fraction(value_of[a] - value_of[b]))
@@ -207,6 +217,10 @@ def build_problem(kind: str, params: dict[str, Any]) -> Problem:
     else:
         figure = f"The figure is {title} of {number_word(len(labels))} {whats}, each with its {thing} written on it."
     return Problem(chart, params, answer, statement, figure, ask, tuple(values))
+
+
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+             "eleventh", "twelfth")
 
 
 def _need(*labels: Any) -> None:

@@ -29,6 +29,9 @@ def solve(p: dict) -> object:
     labels, values, q = p["labels"], p["values"], p["question"]
     table = {label: value for label, value in zip(labels, values)}
     t = q["type"]
+    if p.get("grid") and t in ("max", "min"):  # the bar's place from the left
+        best = max(values) if t == "max" else min(values)
+        return [i + 1 for i, v in enumerate(values) if v == best][0]
     if t == "max":
         return sorted(table, key=table.get)[-1]
     if t == "min":
