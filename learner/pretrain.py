@@ -403,15 +403,21 @@ def held_out_dynamics(env_id: str, env_kwargs: dict[str, Any] | None, seed: int,
         held.close()
 
 
+def greedy_replies(policy, examples: list[Example]) -> list[str]:
+    """What the policy writes for each example's prompt, greedy decoding, up to two tokens past
+    the longest target reply (stripped)."""
+    longest = max(len(policy.encode_reply(ex.reply)) for ex in examples) + 2
+    gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
+                           [ex.images for ex in examples], max_new_tokens=longest, greedy=True)
+    return [policy.reply_text(g.token_ids).strip() for g in gens]
+
+
 def exact_rate(policy, examples: list[Example]) -> float:
     """The share of ``examples`` whose reply the policy writes exactly, greedy decoding (for
     dynamics examples: the next state, or how the episode ended, to the character)."""
     if not examples:
         return float("nan")
-    longest = max(len(policy.encode_reply(ex.reply)) for ex in examples) + 2
-    gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
-                           [ex.images for ex in examples], max_new_tokens=longest, greedy=True)
-    return float(np.mean([policy.reply_text(g.token_ids).strip() == ex.reply for g, ex in zip(gens, examples)]))
+    return float(np.mean([text == ex.reply for text, ex in zip(greedy_replies(policy, examples), examples)]))
 
 
 def pretrain(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: PretrainSettings, *, seed: int = 0,

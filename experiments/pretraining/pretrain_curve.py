@@ -38,12 +38,10 @@ def observe_rates(policy, examples) -> tuple[float, float]:
     the exact rate hides (a chart's values, a board's counts)."""
     import numpy as np
 
-    longest = max(len(policy.encode_reply(ex.reply)) for ex in examples) + 2
-    gens = policy.generate([policy.chat.first_message(ex.text, ex.images) for ex in examples],
-                           [ex.images for ex in examples], max_new_tokens=longest, greedy=True)
+    from learner.pretrain import greedy_replies
+
     exact, right, total = [], 0, 0
-    for g, ex in zip(gens, examples):
-        text = policy.reply_text(g.token_ids).strip()
+    for text, ex in zip(greedy_replies(policy, examples), examples):
         exact.append(text == ex.reply)
         want, got = re.findall(r"\d+", ex.reply), re.findall(r"\d+", text)
         right += sum(a == b for a, b in zip(want, got))
