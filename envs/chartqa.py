@@ -25,19 +25,19 @@ of value, values 1-5; largest, smallest, a value), ``easy`` (bar charts of 3-4 c
 largest, smallest, a value), ``medium`` (bar, line and pie charts of 4-6; also differences, a
 trend, a share) and ``hard`` (5-7; sums, averages, counts, changes, increases).
 
-The ``grid`` preset (``params["grid"]: true``) is the chart a small vision tower can read: each
-bar is one square wide and as many squares high as its value, a square being one 28-pixel visual
-token when the picture is a whole number of them (``image_size=[140, 140]``: five by five). A
-category's name under its bar would be a few pixels of letters, so each category has its own
-colour on every grid chart (``GRID_COLOURS``: its bar is found by what it looks like, wherever
-it stands) and the text names the categories from left to right. Its answers are one digit each: a value, or for the
-largest and the smallest the bar's place from the left (a name is several tokens the tiny
-model's tokenizer splits, and copying one is a skill of its own). Its figure in words (the observe examples' target and
-``--reasoning state``'s think tag) is the values alone in the bars' order ("The bars from left to
-right are 3 4 5 4 squares high."), one token per value as the picture has one square per bar
-in a row: bar i's value is written as far after the bottom square of bar i as every other
-bar's after its own (the figure tasks put the picture last in the text). The values are still only in
-the picture.
+The ``grid`` preset (``params["grid"]: true``) is the chart a small vision tower can read: each bar
+is one square wide and as many squares high as its value, a square being one 28-pixel visual token
+when the picture is a whole number of them (``image_size=[140, 140]``: five by five). A category's
+name under its bar would be a few pixels of letters, so each category has its own colour on every
+grid chart (``GRID_COLOURS``: its bar is found by what it looks like, wherever it stands) and the
+text names the categories from left to right. Its answers are one digit each: a value, or for the
+largest and the smallest the bar's place from the left (a name is several tokens the tiny model's
+tokenizer splits, and copying one is a skill of its own). Its figure in words (the observe examples'
+target and ``--reasoning state``'s think tag) is the values alone in the bars' order ("The bars from
+left to right are 3 4 5 4 squares high."), one token per value as the picture has one square per bar
+in a row: bar i's value is written as far after the bottom square of bar i as every other bar's
+after its own (the figure tasks put the picture last in the text). The values are still only in the
+picture.
 """
 
 from __future__ import annotations
@@ -207,14 +207,13 @@ def build_problem(kind: str, params: dict[str, Any]) -> Problem:
     else:  # pragma: no cover (QUESTIONS is checked above)
         raise ValueError(t)
     title = {"bar": "a bar chart", "line": "a line chart", "pie": "a pie chart"}[chart]
-    data = ", ".join(f"{label} {value}{unit}" for label, value in zip(labels, values))
-    statement = f"The figure is {title} of {number_word(len(labels))} {whats}: {data}."
     if grid:  # the values alone, in the bars' order: each at the same place in every transcription of n bars
         statement = f"The bars from left to right are {' '.join(str(v) for v in values)} squares high."
-    if grid:
         figure = (f"The figure is {title} of {number_word(len(labels))} {whats}, from left to right "
                   f"{', '.join(labels)}; each bar is as many squares high as its {thing}.")
     else:
+        data = ", ".join(f"{label} {value}{unit}" for label, value in zip(labels, values))
+        statement = f"The figure is {title} of {number_word(len(labels))} {whats}: {data}."
         figure = f"The figure is {title} of {number_word(len(labels))} {whats}, each with its {thing} written on it."
     return Problem(chart, params, answer, statement, figure, ask, tuple(values))
 
@@ -302,13 +301,15 @@ def _draw_grid(labels: list[str], values: list[int], size: tuple[int, int]) -> n
     """A grid chart: a column of squares per bar, as many as its value, in its category's colour
     (:data:`GRID_COLOURS`; another label gets one of the palette's by its place), over light grid lines,
     with the value of each row written in the first column (the axis) and the squares in the
-    picture's bottom-left corner. A square is :data:`GRID_SQUARE` pixels where the picture has
-    room for the axis, the bars and the rows at that size (else the largest size that fits)."""
+    picture's bottom-left corner. Where the picture is a whole number of :data:`GRID_SQUARE`
+    pixels each way, a square is the largest whole number of them that fits the axis, the bars
+    and the rows (one at 140 x 140 and at 336 x 252), so squares sit on visual tokens; otherwise
+    the largest size that fits."""
     w, h = size
     n, rows = len(values), max(max(values), PRESETS["grid"]["top"])
     cell = min(w // (n + 1), h // rows)
-    if cell >= GRID_SQUARE:
-        cell = GRID_SQUARE * (cell // GRID_SQUARE) if w % GRID_SQUARE == 0 and h % GRID_SQUARE == 0 else cell
+    if cell >= GRID_SQUARE and w % GRID_SQUARE == 0 and h % GRID_SQUARE == 0:
+        cell = GRID_SQUARE * (cell // GRID_SQUARE)
     image = Image.new("RGB", (w, h), (255, 255, 255))
     d = ImageDraw.Draw(image)
     bottom = h
