@@ -59,14 +59,16 @@ def run_max_new_tokens(model: str | None) -> int:
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval for a binomial proportion (sane at 0% and 100%)."""
+    """95% Wilson score interval for a binomial proportion (sane at 0% and 100%). It always
+    holds the observed share: at 0% and 100% one of its ends is exactly that share (rounding
+    would otherwise leave it a hair inside, e.g. 200 of 200 -> 0.9999999999999999)."""
     if n <= 0:
         return (0.0, 1.0)
     p = successes / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
 
 
 def mean_interval(values: list[float], z: float = 1.959964) -> tuple[float, float]:

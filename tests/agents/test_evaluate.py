@@ -19,6 +19,16 @@ def test_wilson_interval_is_sane_at_the_edges():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
+def test_wilson_interval_holds_the_observed_share_exactly():
+    # 200 of 200 rounded to an upper end of 0.9999999999999999, below the share, and the run's
+    # success plot (error bars of end - share) refused the negative bar at the end of a run
+    for n in range(1, 1001):
+        for k in (0, n // 2, n):
+            lo, hi = wilson_interval(k, n)
+            assert 0.0 <= lo <= k / n <= hi <= 1.0, (k, n, lo, hi)
+    assert wilson_interval(200, 200)[1] == 1.0 and wilson_interval(0, 1000)[0] == 0.0
+
+
 def test_cli_on_image_task_saves_records_and_gifs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "eval"
