@@ -21,7 +21,8 @@ Params: ``chart`` (bar|line|pie), ``labels`` (category names, months for a line 
 - ``change`` (line): value of the last month minus the first (negative when it fell).
 
 Presets: ``grid`` (bar charts of 3-4 categories drawn on a grid of squares, one square per unit
-of value, values 1-5; largest, smallest, a value), ``easy`` (bar charts of 3-4 categories;
+of value, values 1-5; largest, smallest, a value), ``grid_value`` (the same charts, every question
+the value of the k-th bar from the left), ``easy`` (bar charts of 3-4 categories;
 largest, smallest, a value), ``medium`` (bar, line and pie charts of 4-6; also differences, a
 trend, a share) and ``hard`` (5-7; sums, averages, counts, changes, increases).
 
@@ -57,6 +58,7 @@ CHARTS = ("bar", "line", "pie")
 #: Preset -> (charts, number of labels (low, high), largest value, questions per chart).
 PRESETS: dict[str, dict[str, Any]] = {
     "grid": {"charts": ("bar",), "n": (3, 4), "top": 5, "questions": {"bar": ("max", "min", "value")}, "grid": True},
+    "grid_value": {"charts": ("bar",), "n": (3, 4), "top": 5, "questions": {"bar": ("value",)}, "grid": True},
     "easy": {"charts": ("bar",), "n": (3, 4), "top": 20, "questions": {"bar": ("max", "min", "value")}},
     "medium": {"charts": CHARTS, "n": (4, 6), "top": 50,
                "questions": {"bar": ("max", "min", "value", "diff"), "line": ("value", "max", "trend", "diff"),
