@@ -115,6 +115,18 @@ class CounterfactualProbes(Protocol):
 
 
 @runtime_checkable
+class OtherPicture(Protocol):
+    @classmethod
+    def other_picture_kwargs(cls) -> dict[str, Any]:
+        """Keyword arguments that build the task with each episode's picture replaced by another
+        problem's, the text and the answer staying the episode's own (the same seeds give the
+        same problems): a policy that reads the picture falls there to what a picture-blind one
+        scores, one that does not keeps its success. Empty where the task shows no picture. A
+        class method."""
+        ...
+
+
+@runtime_checkable
 class TurnDiagnostics(Protocol):
     @classmethod
     def turn_diagnostics(cls, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
@@ -211,6 +223,13 @@ def counterfactual_probes(task: Any, rng: np.random.Generator, n: int) -> list[t
     return task.counterfactual_probes(rng, n) if isinstance(task, CounterfactualProbes) else []
 
 
+def other_picture_kwargs(task: Any) -> dict[str, Any]:
+    """The keyword arguments that give ``task`` (a task class or a task) another problem's
+    picture in every episode (:class:`OtherPicture`); ``{}`` where it has none."""
+    cls = task if isinstance(task, type) else type(task)
+    return dict(cls.other_picture_kwargs()) if isinstance(cls, OtherPicture) else {}
+
+
 def turn_diagnostics(task: Any, turns: Sequence[tuple[str, str]]) -> dict[str, float]:
     """The task's numbers over played turns (:class:`TurnDiagnostics`; ``task`` is a task class
     or a task); ``{}`` by default."""
@@ -221,7 +240,8 @@ def turn_diagnostics(task: Any, turns: Sequence[tuple[str, str]]) -> dict[str, f
 _METHODS: dict[type, tuple[str, ...]] = {
     Lookahead: ("lookahead_text",), Aim: ("aim_text",), Subgoal: ("subgoal_text",),
     SubgoalMoves: ("subgoal_moves",), Dynamics: ("outcome_text",), TaskVocabulary: ("tokenizer_text",),
-    CounterfactualProbes: ("counterfactual_probes",), TurnDiagnostics: ("turn_diagnostics",),
+    CounterfactualProbes: ("counterfactual_probes",), OtherPicture: ("other_picture_kwargs",),
+    TurnDiagnostics: ("turn_diagnostics",),
 }
 #: Every optional capability, in the order of the table above.
 CAPABILITIES: tuple[type, ...] = tuple(_METHODS)

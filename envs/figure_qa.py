@@ -39,6 +39,8 @@ _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", 
                  "eleven", "twelve")
 #: The longest answer read (a longer one is an invalid reply).
 MAX_ANSWER_CHARS = 64
+#: What a vision figure task's picture shows: the episode's own problem, or another problem's.
+PICTURES = ("own", "another")
 
 
 def number_word(n: int) -> str:
@@ -193,6 +195,10 @@ class FigureQAEnv(MultiTurnEnv):
         max_turns: replies before truncation; default ``max_attempts + 1`` (one spare reply
             for an invalid one).
         image_size: the picture's ``(width, height)`` in pixels.
+        picture: ``"own"`` (the default) or ``"another"``: each episode's picture is that of a
+            second problem of the preset, drawn after the episode's own from the same seeded
+            RNG, while the text and the answer stay the episode's (the check that a policy
+            reads the picture, :class:`envs.capabilities.OtherPicture`). Vision tasks only.
     """
 
     PRESETS: ClassVar[dict[str, Any]] = {}
@@ -204,8 +210,12 @@ class FigureQAEnv(MultiTurnEnv):
 
     def __init__(self, preset: str | None = None, *, max_attempts: int | None = None, max_turns: int | None = None,
                  format_penalty: float = -0.1, feedback: bool = True, render_mode: str | None = None,
-                 image_size: Sequence[int] | None = None) -> None:
+                 image_size: Sequence[int] | None = None, picture: str = "own") -> None:
         preset = self.DEFAULT_PRESET if preset is None else preset
+        if picture not in PICTURES or (picture != "own" and self.modality != "vision"):
+            raise ValueError(f"picture must be one of {PICTURES} (another: vision tasks only), got {picture!r}")
+        self.picture = picture
+        self.decoy: Problem | None = None
         if preset not in self.PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(self.PRESETS)}")
         self.preset = preset
@@ -224,7 +234,13 @@ class FigureQAEnv(MultiTurnEnv):
             self.image_shape = (size[1], size[0], 3)
         self._build_spaces()
 
-    client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "max_attempts": ClientKwarg(int, 1, 10)}
+    client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "max_attempts": ClientKwarg(int, 1, 10),
+                               "picture": ClientKwarg(str, choices=PICTURES)}
+
+    @classmethod
+    def other_picture_kwargs(cls) -> dict[str, Any]:
+        """``{"picture": "another"}`` for the vision tasks (:class:`envs.capabilities.OtherPicture`)."""
+        return {"picture": "another"} if cls.modality == "vision" else {}
 
     # -- what a subclass implements ---------------------------------------------------------------
     def draw_problem(self, rng: np.random.Generator, preset: str) -> Problem:
@@ -251,6 +267,8 @@ class FigureQAEnv(MultiTurnEnv):
             self.problem = self.build_problem(given["kind"], dict(given["params"]))
         else:
             self.problem = self.draw_problem(self.np_random, self.preset)
+        if self.picture == "another":
+            self.decoy = self.draw_problem(self.np_random, self.preset)
         self._clear_episode()
 
     def instructions(self) -> str:
@@ -316,7 +334,7 @@ class FigureQAEnv(MultiTurnEnv):
     def render_image(self) -> np.ndarray:
         """The figure, uint8 (height, width, 3), drawn once per problem (a new array each call)."""
         if self._image is None:
-            self._image = self.draw_figure(self.problem, self.image_size)
+            self._image = self.draw_figure(self.decoy or self.problem, self.image_size)
         return self._image.copy()
 
 

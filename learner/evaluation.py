@@ -73,11 +73,14 @@ class Evaluations:
         return ev
 
     def run_eval(self, episodes: int, tag: str, greedy: bool | None = None,
-                 seed: int = EVAL_SEED_BASE) -> tuple[dict[str, Any], list]:
+                 seed: int = EVAL_SEED_BASE, other_picture: bool = False) -> tuple[dict[str, Any], list]:
         """Evaluate on held-out tasks (seeds from ``seed``: the test tasks' EVAL_SEED_BASE unless
         given the validation tasks' VALID_SEED_BASE; neither ever trained on); return a flat
         dict (success with its 95% Wilson CI, return, invalid rate, turns, the task's probes and
-        the policy diagnostics) and the records."""
+        the policy diagnostics) and the records. With ``other_picture`` (the phases' sampled
+        evaluations) and the diagnostics on, a task that can show another problem's picture
+        (:class:`envs.capabilities.OtherPicture`) is also played so on the same seeds:
+        ``other_picture_success`` and its interval."""
         from agents.evaluate import evaluate
         from learner.diagnostics import policy_diagnostics
 
@@ -97,7 +100,35 @@ class Evaluations:
         if cfg.eval.diagnostics and not greedy:
             out.update(policy_diagnostics(self.policy, env_id, env_kwargs, temperature=cfg.rollout.temperature,
                                           reasoning=cfg.pretrain.reasoning))
+        if cfg.eval.diagnostics and other_picture:
+            out.update(self.other_picture_eval(episodes, greedy, seed))
         return out, result.records
+
+    def other_picture_eval(self, episodes: int, greedy: bool, seed: int) -> dict[str, Any]:
+        """Success on the same held-out tasks with each episode's picture another problem's
+        (``{}`` for tasks without :class:`envs.capabilities.OtherPicture`): a policy that reads
+        the picture falls there to what a picture-blind one scores."""
+        import dataclasses
+
+        import envs
+        from agents.evaluate import evaluate
+        from envs.capabilities import other_picture_kwargs
+
+        rollout = self.cfg.rollout
+        try:
+            swap = other_picture_kwargs(envs.task_class(rollout.env_id))
+        except TypeError:  # a task registered by a factory function: no class to ask
+            return {}
+        if not swap:
+            return {}
+        settings = dataclasses.replace(rollout, env_kwargs={**rollout.task_kwargs(), **swap})
+        runner = settings.runner(self.policy, seed=seed, group_size=1)
+        try:
+            result = evaluate(self.policy, rollout.env_id, episodes=episodes, seed=seed, greedy=greedy, runner=runner)
+        finally:
+            runner.close()
+        return {"other_picture_success": result.success_rate, "other_picture_ci_low": result.success_ci[0],
+                "other_picture_ci_high": result.success_ci[1]}
 
     def phase(self, tag: str, episodes: int, both: bool, counters, extra: dict[str, Any] | None = None) -> None:
         """Run the evaluation of a phase (and, if ``both``, the other decoding mode too), log (with
@@ -109,7 +140,7 @@ class Evaluations:
         modes = [cfg.eval.greedy] + ([not cfg.eval.greedy] if both else [])
         for k, greedy in enumerate(modes):
             key = tag if k == 0 else f"{tag}_{'greedy' if greedy else 'sampled'}"
-            self.evals[key], records = self.run_eval(episodes, key, greedy)
+            self.evals[key], records = self.run_eval(episodes, key, greedy, other_picture=not greedy)
             self.evals[key].update(extra or {})
             self.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, **self.evals[key]})
             folder = self.dir / "eval" / key

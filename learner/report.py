@@ -244,6 +244,21 @@ def board_reading_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
             + ("reads the board" if reads else "no evidence beyond the board-blind Down/Right habit"))
 
 
+def picture_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
+    """Whether a figure task's policy reads its picture (None, '' where the evaluation did not
+    play the task with another problem's picture): its success with each episode's own picture
+    is above its success with another problem's, the 95% intervals apart."""
+    other = final.get("other_picture_success")
+    if other is None:
+        return None, ""
+    lo, hi = final["other_picture_ci_low"], final["other_picture_ci_high"]
+    reads = bool(final["success"] > other and final["success_ci_low"] > hi)
+    return reads, (f"picture reading: success {final['success']:.2f} [{final['success_ci_low']:.2f}, "
+                   f"{final['success_ci_high']:.2f}] with each task's own picture, {other:.2f} [{lo:.2f}, {hi:.2f}] "
+                   "with another problem's - " + ("reads the picture" if reads
+                                                  else "no evidence that it reads the picture"))
+
+
 def counterfactual_verdict(final: dict[str, Any]) -> tuple[bool | None, str]:
     """The board-reading verdict of a task without a safe-move probe (None, '' without
     counterfactual probes): on pairs of states that differ in one detail next to the player,
@@ -264,9 +279,12 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 
 
 def _task_probe(e: dict[str, Any]) -> str:
-    """The evaluation's task probe for the summary table: FrozenLake's safe-move rate, or the
-    share of moves that changed nothing (Sokoban)."""
+    """The evaluation's task probe for the summary table: a figure task's success with another
+    problem's picture, FrozenLake's safe-move rate, or the share of moves that changed nothing
+    (Sokoban)."""
     safe, noop = e.get("probe_safe_rate", float("nan")), e.get("noop_rate", float("nan"))
+    if "other_picture_success" in e:
+        return f"other picture {e['other_picture_success']:.2f}"
     if not math.isnan(safe):
         return f"safe {safe:.2f} (n={int(e['probe_down_right'])})"
     return f"no-op {noop:.2f}" if not math.isnan(noop) else "n/a"
@@ -298,6 +316,8 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
         verdict = (f"{final.get('decoding', '')} success: {which} {final['success']:.2f} vs start of RL {base['success']:.2f}: 95% CIs "
                    f"{'do not overlap - improved' if learned else 'overlap or final is lower - no clear improvement'}")
     reads_board, board_text = board_reading_verdict(final)
+    if reads_board is None:
+        reads_board, board_text = picture_verdict(final)
     if board_text:
         verdict += f"\n{board_text}"
     text = (f"\n{table}\n\n{verdict}\n{state['iteration']} iterations, "
@@ -306,7 +326,9 @@ def summarize(evals: dict[str, dict[str, Any]], state: dict[str, Any], wall: flo
             f"wall time of this session {wall:.0f} s (its set-up and the start model's pretraining included)\n"
             "action spread: mean total-variation distance between the policy's action distributions on different "
             "states (0 = the same everywhere); counterfactual: how much more the policy takes the move a changed "
-            "detail favours (0 = blind to it)")
+            "detail favours (0 = blind to it)"
+            + ("; other picture: success on the same tasks with each picture another problem's"
+               if any("other_picture_success" in e for e in evals.values()) else ""))
     return {"evals": evals, "learned": learned, "reads_board": reads_board, "verdict": verdict, "text": text, "wall_seconds": wall,
             "rl_seconds": float(state.get("rl_seconds", 0.0)), "iterations": state["iteration"], "episodes": state["episodes"]}
 

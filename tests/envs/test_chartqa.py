@@ -295,3 +295,34 @@ def test_human_play_in_the_terminal() -> None:
     summary = play(ENV, seed=11, stdin=io.StringIO(f"{gold}\n"), stdout=out)
     assert summary.success and summary.turns == 1
     assert env.unwrapped.problem.statement in out.getvalue()  # the chart's data in words, for a terminal
+
+
+def test_another_problems_picture_keeps_the_text_and_answer_and_shows_the_next_draw() -> None:
+    from envs.capabilities import other_picture_kwargs
+    from envs.geometry import GeometryEnv, GeometryVisionEnv
+
+    kw = {"preset": "grid_value", "image_size": [140, 140]}
+    own = envs.make(ENV, **kw)
+    other = envs.make(ENV, **kw, **other_picture_kwargs(chartqa.ChartQAEnv))
+    shown_values = []
+    for seed in range(30):
+        a, _ = own.reset(seed=seed)
+        b, _ = other.reset(seed=seed)
+        problem, decoy = other.unwrapped.problem, other.unwrapped.decoy
+        assert a["text"] == b["text"] and problem.to_dict() == own.unwrapped.problem.to_dict()
+        # the decoy is the preset's next draw from the episode's RNG: the problem after the episode's own
+        rng = seeding.np_random(seed)[0]
+        chartqa.draw_problem(rng, "grid_value")
+        assert decoy.to_dict() == chartqa.draw_problem(rng, "grid_value").to_dict()
+        assert np.array_equal(b["image"], chartqa.draw_figure(decoy, (140, 140)))
+        shown_values.append(tuple(decoy.params["values"]) != tuple(problem.params["values"]))
+        # an answer is still checked against the episode's own problem
+        _, reward, *_ = other.step(f"<answer>{problem.answer.text()}</answer>")
+        assert reward == 1.0
+    assert sum(shown_values) >= 28
+    check_env(envs.make(ENV, **kw, picture="another").unwrapped)
+    assert other_picture_kwargs(GeometryVisionEnv) == {"picture": "another"} and other_picture_kwargs(GeometryEnv) == {}
+    with pytest.raises(ValueError, match="vision tasks only"):
+        envs.make("freshper/Geometry-v0", picture="another")
+    with pytest.raises(ValueError, match="picture must be one of"):
+        envs.make(ENV, picture="mine")

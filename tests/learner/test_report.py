@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from learner.report import board_reading_verdict, counterfactual_verdict, summarize, wilson_interval
+from learner.report import board_reading_verdict, counterfactual_verdict, picture_verdict, summarize, wilson_interval
 
 
 def _eval(success: float, n: int = 200, probe: float | None = None, probe_n: int = 0, decoding: str = "sampled") -> dict:
@@ -40,6 +40,23 @@ def test_without_a_safe_move_probe_the_counterfactual_interval_decides() -> None
     assert board_reading_verdict(blind)[0] is False and "no evidence" in counterfactual_verdict(blind)[1]
     with_probe = {**_eval(0.27, probe=0.47, probe_n=190), **{k: v for k, v in reading.items() if k.startswith("counterfactual")}}
     assert board_reading_verdict(with_probe)[0] is False  # the safe-move probe decides where it ran
+
+
+def test_a_figure_policy_reads_its_picture_when_another_picture_scores_clearly_lower() -> None:
+    def row(success: float, other: float) -> dict:
+        lo, hi = wilson_interval(round(other * 200), 200)
+        return {**_eval(success), "other_picture_success": other, "other_picture_ci_low": lo, "other_picture_ci_high": hi}
+
+    reads, text = picture_verdict(row(0.99, 0.185))
+    assert reads is True and text.endswith("reads the picture") and "0.18 [0.14, 0.24] with another problem's" in text
+    assert picture_verdict(row(0.51, 0.435))[0] is False  # intervals overlap: a blind policy's success
+    assert picture_verdict(row(0.20, 0.45))[0] is False
+    assert picture_verdict(_eval(0.5)) == (None, "")
+    state = {"iteration": 10, "episodes": 640, "nonfinite_total": 0}
+    out = summarize({"baseline": row(0.25, 0.18), "final": row(0.99, 0.185)}, state, 300.0)
+    assert out["learned"] is True and out["reads_board"] is True
+    assert "other picture 0.18" in out["text"] and "other picture: success on the same tasks" in out["text"]
+    assert "other picture:" not in summarize({"baseline": _eval(0.1), "final": _eval(0.2)}, state, 1.0)["text"]
 
 
 def test_summary_separates_improvement_from_board_reading() -> None:

@@ -791,3 +791,21 @@ def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_pa
         parse_config(["--resume", str(tmp_path / "a"), "--start-seed", "3", "--iterations", "2"])
     with pytest.raises(ValueError, match="--start-seed must be"):
         validate(parse_config(["--start-seed", "-1"]))
+
+
+def test_a_figure_task_run_checks_its_policy_with_another_problems_picture(tmp_path: Path) -> None:
+    """A figure task's phases (start of RL, final) are also played with each picture another
+    problem's (``envs.capabilities.OtherPicture``), and the summary says whether the policy reads
+    the picture; the validations and greedy evaluations are not."""
+    kw = {"preset": "grid_value", "image_size": [140, 140], "max_attempts": 1}
+    summary = learner.run.train(tiny_config(tmp_path, run_name="chart", env_id="freshper/ChartQA-v0", env_kwargs=kw,
+                                            iterations=1, eval_every=0, final_eval_episodes=6, eval_both=True))
+    evals = summary["evals"]
+    for key in ("baseline", "final"):
+        assert 0.0 <= evals[key]["other_picture_ci_low"] <= evals[key]["other_picture_success"] \
+            <= evals[key]["other_picture_ci_high"] <= 1.0
+    assert not any("other_picture_success" in e for k, e in evals.items() if e["decoding"] == "greedy")
+    assert summary["reads_board"] in (True, False) and "picture reading: success" in summary["verdict"]
+    assert "other picture " in summary["text"]
+    rows = [r for r in read_metrics(tmp_path / "chart" / "metrics.jsonl") if r["kind"] == "eval"]
+    assert any("other_picture_success" in r for r in rows)
