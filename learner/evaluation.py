@@ -77,8 +77,8 @@ class Evaluations:
         """Evaluate on held-out tasks (seeds from ``seed``: the test tasks' EVAL_SEED_BASE unless
         given the validation tasks' VALID_SEED_BASE; neither ever trained on); return a flat
         dict (success with its 95% Wilson CI, return, invalid rate, turns, the task's probes and
-        the policy diagnostics) and the records. With ``other_picture`` (the phases' sampled
-        evaluations) and the diagnostics on, a task that can show another problem's picture
+        the policy diagnostics) and the records. With ``other_picture`` (a phase's evaluation in
+        the run's decoding, the one its verdicts read) and the diagnostics on, a task that can show another problem's picture
         (:class:`envs.capabilities.OtherPicture`) is also played so on the same seeds:
         ``other_picture_success`` and its interval."""
         from agents.evaluate import evaluate
@@ -140,7 +140,7 @@ class Evaluations:
         modes = [cfg.eval.greedy] + ([not cfg.eval.greedy] if both else [])
         for k, greedy in enumerate(modes):
             key = tag if k == 0 else f"{tag}_{'greedy' if greedy else 'sampled'}"
-            self.evals[key], records = self.run_eval(episodes, key, greedy, other_picture=not greedy)
+            self.evals[key], records = self.run_eval(episodes, key, greedy, other_picture=k == 0)
             self.evals[key].update(extra or {})
             self.metrics.log({"kind": "eval", "iteration": c.iteration, "episodes": c.episodes, **self.evals[key]})
             folder = self.dir / "eval" / key

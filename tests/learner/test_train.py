@@ -796,7 +796,7 @@ def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_pa
 def test_a_figure_task_run_checks_its_policy_with_another_problems_picture(tmp_path: Path) -> None:
     """A figure task's phases (start of RL, final) are also played with each picture another
     problem's (``envs.capabilities.OtherPicture``), and the summary says whether the policy reads
-    the picture; the validations and greedy evaluations are not."""
+    the picture; the validations and the other decoding's evaluations are not."""
     kw = {"preset": "grid_value", "image_size": [140, 140], "max_attempts": 1}
     summary = learner.run.train(tiny_config(tmp_path, run_name="chart", env_id="freshper/ChartQA-v0", env_kwargs=kw,
                                             iterations=1, eval_every=0, final_eval_episodes=6, eval_both=True))
