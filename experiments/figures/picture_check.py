@@ -11,7 +11,8 @@ picture). It also prints the picture-blind ceiling: the success of the best answ
 depends only on what the text tells (the number of bars, which bar is asked, the question), the
 most frequent answer for each, estimated on 20,000 training-seed problems of the preset and
 scored on the same held-out problems. A policy that reads the chart falls to that ceiling or
-below with another picture; one that does not keeps its success.
+below with another picture; one that does not keeps its success. With the true picture, success
+is also split by the bar the question asks (its place from the left, where the question names one).
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def main() -> int:
         for seed in range(EVAL_SEED_BASE, EVAL_SEED_BASE + args.episodes):
             env.reset(seed=seed)
             problem = env.unwrapped.problem
-            held.append({"params": problem.params, "answer": problem.answer.text()})
+            held.append({"params": problem.params, "answer": problem.answer.text(), "seed": seed})
     finally:
         env.close()
+    place_of = {h["seed"]: visible(h["params"])[2] for h in held}
     ceiling = blind_ceiling(kwargs.get("preset", "easy"), held)
     rows = []
     print(f"{'policy':<12} {'true picture':>24} {'another picture':>24}   (picture-blind ceiling {ceiling:.3f})")
@@ -92,10 +94,15 @@ def main() -> int:
         for name, env_id in (("true", "freshper/ChartQA-v0"), ("swapped", "figures/ChartQASwapped-v0")):
             result = evaluate(policy, env_id, episodes=args.episodes, env_kwargs=kwargs,
                               max_new_tokens=args.max_new_tokens)
-            row[name] = {"success": result.success_rate, "ci": list(result.success_ci)}
+            by_place: dict[int, list[bool]] = defaultdict(list)
+            for record in result.records:
+                by_place[place_of[record.seed]].append(bool(record.success))
+            row[name] = {"success": result.success_rate, "ci": list(result.success_ci),
+                         "by_place": {str(k + 1): float(np.mean(v)) for k, v in sorted(by_place.items()) if k >= 0}}
         rows.append(row)
         cell = {k: f"{row[k]['success']:.3f} [{row[k]['ci'][0]:.3f}, {row[k]['ci'][1]:.3f}]" for k in ("true", "swapped")}
-        print(f"{label:<12} {cell['true']:>24} {cell['swapped']:>24}", flush=True)
+        places = " ".join(f"{k}:{v:.2f}" for k, v in row["true"]["by_place"].items())
+        print(f"{label:<12} {cell['true']:>24} {cell['swapped']:>24}   by the bar asked: {places}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"task_kwargs": kwargs, "episodes": args.episodes,
                                                "blind_ceiling": ceiling, "rows": rows}, indent=1), encoding="utf-8")
@@ -121,9 +128,9 @@ def plot(rows: list[dict], ceiling: float, episodes: int, out: Path) -> None:
         ax.bar(x + (k - 0.5) * 0.38, values, 0.38, yerr=err, capsize=3, color=colour, label=label)
     ax.axhline(ceiling, ls="--", color="0.3", label=f"picture-blind ceiling ({ceiling:.2f})")
     ax.set_xticks(x, [r["label"] for r in rows], rotation=30, ha="right")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.22)
     ax.set_ylabel(f"held-out success ({episodes} charts, 95% CI)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
