@@ -64,16 +64,11 @@ def main() -> int:
     from agents.policies.policy import Policy
     from agents.rollout.seeds import EVAL_SEED_BASE
     from envs.cli import import_tasks
+    from envs.play import parse_kwargs
 
     import_tasks([str(Path(__file__).with_name("swapped_image.py"))])  # figures/ChartQASwapped-v0
 
-    kwargs = {}
-    for item in args.kw:
-        key, _, value = item.partition("=")
-        try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
+    kwargs = parse_kwargs(args.kw)
     env = envs.make("freshper/ChartQA-v0", **kwargs)
     held = []
     try:
