@@ -793,13 +793,16 @@ def test_runs_of_two_seeds_with_one_start_seed_share_one_pretrained_start(tmp_pa
         validate(parse_config(["--start-seed", "-1"]))
 
 
-def test_a_figure_task_run_checks_its_policy_with_another_problems_picture(tmp_path: Path) -> None:
+def test_a_figure_task_run_checks_its_policy_with_another_problems_picture(tmp_path: Path, monkeypatch) -> None:
     """A figure task's phases (start of RL, final) are also played with each picture another
     problem's (``envs.capabilities.OtherPicture``), and the summary says whether the policy reads
     the picture; the validations and the other decoding's evaluations are not."""
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
     kw = {"preset": "grid_value", "image_size": [140, 140], "max_attempts": 1}
     summary = learner.run.train(tiny_config(tmp_path, run_name="chart", env_id="freshper/ChartQA-v0", env_kwargs=kw,
-                                            iterations=1, eval_every=0, final_eval_episodes=6, eval_both=True))
+                                            iterations=1, eval_every=0, final_eval_episodes=6, eval_both=True,
+                                            pretrain_steps=2, pretrain_batch=4, pretrain_dynamics=0.5,
+                                            pretrain_observe=0.5, pretrain_success=1.0))
     evals = summary["evals"]
     for key in ("baseline", "final"):
         assert 0.0 <= evals[key]["other_picture_ci_low"] <= evals[key]["other_picture_success"] \
@@ -807,5 +810,9 @@ def test_a_figure_task_run_checks_its_policy_with_another_problems_picture(tmp_p
     assert not any("other_picture_success" in e for k, e in evals.items() if e["decoding"] == "greedy")
     assert summary["reads_board"] in (True, False) and "picture reading: success" in summary["verdict"]
     assert "other picture " in summary["text"]
+    # its recipe's pretraining (observe examples and imitated successes, as configs/chartqa_grid_value.yaml)
+    # trains no next-state examples, so the start line does not quote their held-out rate
+    start = next(line for line in summary["text"].splitlines() if line.startswith("the start: pretrained 2 steps"))
+    assert "imitating" in start and "next states" not in start
     rows = [r for r in read_metrics(tmp_path / "chart" / "metrics.jsonl") if r["kind"] == "eval"]
     assert any("other_picture_success" in r for r in rows)
