@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +108,6 @@ class Evaluations:
         """Success on the same held-out tasks with each episode's picture another problem's
         (``{}`` for tasks without :class:`envs.capabilities.OtherPicture`): a policy that reads
         the picture falls there to what a picture-blind one scores."""
-        import dataclasses
-
         import envs
         from agents.evaluate import evaluate
         from envs.capabilities import other_picture_kwargs
@@ -121,7 +119,7 @@ class Evaluations:
             return {}
         if not swap:
             return {}
-        settings = dataclasses.replace(rollout, env_kwargs={**rollout.task_kwargs(), **swap})
+        settings = replace(rollout, env_kwargs={**rollout.task_kwargs(), **swap})
         runner = settings.runner(self.policy, seed=seed, group_size=1)
         try:
             result = evaluate(self.policy, rollout.env_id, episodes=episodes, seed=seed, greedy=greedy, runner=runner)

@@ -479,8 +479,11 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
         held_examples, _ = own_examples(policy, env_id, env_kwargs, held_examples, progress=progress)
     held_samples, held_images = encode(policy, held_examples)
     kinds = np.array([ex.kind for ex in held_examples])
-    exact_examples = [] if own else held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision,
-                                                      streams=min(64, cfg.batch))
+    # the held-out next-state rate: where next states are trained (or a bar is set on it); the own-answer
+    # warm-up and a mix whose dynamics share is all observation examples train none
+    next_states = not own and (cfg.dynamics_fraction > cfg.observe_fraction or cfg.until_exact > 0)
+    exact_examples = held_out_dynamics(env_id, env_kwargs, seed, policy.is_vision,
+                                       streams=min(64, cfg.batch)) if next_states else []
     streams = TransitionStreams(env_id, env_kwargs, cfg.batch, seed, cfg.dynamics_fraction, policy.is_vision,
                                 cfg.observe_fraction, cfg.reasoning, follow, first_episode, cfg.success_fraction)
     pool: list[Example] = []
@@ -547,7 +550,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
             streams.close()
     seconds = time.monotonic() - start
     after = held_losses()
-    if not own and (not checks or checks[-1][0] != len(losses)):  # the model as it ends, unless the last check saw it
+    if next_states and (not checks or checks[-1][0] != len(losses)):  # the model as it ends, unless the last check saw it
         checks.append([len(losses), exact_rate(policy, exact_examples)])
     exact = checks[-1][1] if checks else float("nan")
     return {
@@ -556,7 +559,7 @@ def pretrain_stage(policy, env_id: str, env_kwargs: dict[str, Any] | None, cfg: 
         "pretrain_loss_last": float(np.mean(losses[-10:])) if losses else float("nan"),
         **{f"pretrain_{k}_before": v for k, v in before.items()},
         **{f"pretrain_{k}_after": v for k, v in after.items()},
-        **({} if own else {"pretrain_dynamics_exact_after": exact}),  # the own-answer warm-up has no dynamics
+        **({"pretrain_dynamics_exact_after": exact} if next_states else {}),
         **({"pretrain_exact_checks": checks, "pretrain_reached_bar": bool(exact >= cfg.until_exact)}
            if cfg.until_exact > 0 else {}),
         "pretrain_episodes": streams._episodes - first_episode,

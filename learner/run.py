@@ -486,9 +486,6 @@ def exact_phrase(rep: dict[str, Any], cfg: Config) -> str:
         return f", {rep['pretrain_own_usable']:.0%} of the model's direct answers usable"
     if "pretrain_dynamics_exact_after" not in rep:
         return ""
-    recipe = cfg.pretrain.recipe()
-    if recipe.dynamics_fraction <= recipe.observe_fraction and "pretrain_reached_bar" not in rep:
-        return ""  # no next-state examples were trained: their held-out rate says nothing of this start
     phrase = f", held-out next states written exactly {rep['pretrain_dynamics_exact_after']:.2f}"
     if "pretrain_reached_bar" in rep:
         phrase += f" ({'reached' if rep['pretrain_reached_bar'] else 'below'} the bar {cfg.pretrain.recipe().until_exact:.2f})"

@@ -5,10 +5,10 @@
         --kw preset=grid_value "image_size=[140,140]" max_attempts=1
 
 Each ``label=MODEL`` is evaluated (``agents.evaluate.evaluate``, sampled, the held-out seeds a
-run's start and final evaluations use) on ``freshper/ChartQA-v0`` and on
-``figures/ChartQASwapped-v0`` (``swapped_image.py``: the same problems and text, another problem's
-picture). It also prints the picture-blind ceiling: the success of the best answer that
-depends only on what the text tells (the number of bars, which bar is asked, the question), the
+run's start and final evaluations use) on ``freshper/ChartQA-v0`` as it is and with
+``picture="another"`` (the same problems and text, another problem's picture; what
+``swapped_image.py`` registers and a run's own evaluations play). It also prints the
+picture-blind ceiling: the success of the best answer that depends only on what the text tells (the number of bars, which bar is asked, the question), the
 most frequent answer for each, estimated on 20,000 training-seed problems of the preset and
 scored on the same held-out problems. A policy that reads the chart falls to that ceiling or
 below with another picture; one that does not keeps its success. With the true picture, success
@@ -63,10 +63,9 @@ def main() -> int:
     from agents.evaluate import evaluate
     from agents.policies.policy import Policy
     from agents.rollout.seeds import EVAL_SEED_BASE
-    from envs.cli import import_tasks
+    from envs.capabilities import other_picture_kwargs
+    from envs.chartqa import ChartQAEnv
     from envs.play import parse_kwargs
-
-    import_tasks([str(Path(__file__).with_name("swapped_image.py"))])  # figures/ChartQASwapped-v0
 
     kwargs = parse_kwargs(args.kw)
     env = envs.make("freshper/ChartQA-v0", **kwargs)
@@ -86,8 +85,8 @@ def main() -> int:
         label, _, path = item.partition("=")
         policy = Policy.from_pretrained(path)
         row = {"label": label, "model": path}
-        for name, env_id in (("true", "freshper/ChartQA-v0"), ("swapped", "figures/ChartQASwapped-v0")):
-            result = evaluate(policy, env_id, episodes=args.episodes, env_kwargs=kwargs,
+        for name, task_kwargs in (("true", kwargs), ("swapped", {**kwargs, **other_picture_kwargs(ChartQAEnv)})):
+            result = evaluate(policy, "freshper/ChartQA-v0", episodes=args.episodes, env_kwargs=task_kwargs,
                               max_new_tokens=args.max_new_tokens)
             by_place: dict[int, list[bool]] = defaultdict(list)
             for record in result.records:
