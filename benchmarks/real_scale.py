@@ -527,6 +527,9 @@ def worker(spec: dict[str, Any]) -> None:
         result = {"status": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)
+    elif spec["framework"] == "freshper-2proc":  # without finalization: the group's threads outlive it
+        from learner.distributed import exit_serving_rank
+        exit_serving_rank(0)
 
 
 def measure(model: str, features: str, framework: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{dist.get_world_size()} ranks (gloo), load average {one:.2f} / {five:.2f}")
         print(f"broadcast + decode: {bcast * 1e3:.1f} ms (median of {args.repeats}); one-process update on the same "
               f"batch: {update * 1e3:.0f} ms; broadcast / update = {bcast / update:.3f}")
+    rank = dist.get_rank()
     dist.destroy_process_group()
+    if rank != 0:  # without finalization: the group's threads outlive it (learner.distributed)
+        distributed.exit_serving_rank(0)
     return 0
 
 

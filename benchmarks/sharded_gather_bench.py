@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         base = rows[1]
         print(f"stream / whole: {rows[0][1] / base[1]:.2f}x the time, "
               f"{rows[0][2] / max(base[2], 1):.2f}x rank 0's memory rise")
+    rank = dist.get_rank()
     dist.destroy_process_group()
+    if rank != 0:  # without finalization: the group's threads outlive it (learner.distributed)
+        distributed.exit_serving_rank(0)
     return 0
 
 
