@@ -206,7 +206,7 @@ def packed_logprobs(policy, samples: Sequence, temperature: float = 1.0, cap: in
     from packed passes (see the module docstring); differentiable. ``images``: per sample its
     images in order (a vision model)."""
 
-    model, device = policy.model, policy.device
+    device = policy.device
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
     plen = prompt_lengths(samples)
     t_max = max(len(x) for x in ids)
@@ -234,10 +234,10 @@ def packed_logprobs(policy, samples: Sequence, temperature: float = 1.0, cap: in
             keep = torch.unique(predictor)  # sorted; the shared prompt ends appear once
             kw["logits_to_keep"] = keep
             predictor = torch.searchsorted(keep, predictor)
-        logits = model(input_ids=tokens, attention_mask=mask[None, None], position_ids=pos, use_cache=False,
-                       **kw).logits[0]
-        parts.append(policy.logprobs_of(logits.index_select(0, predictor),
-                                        torch.as_tensor(pack.target, device=device), temperature))
+        features, _ = policy.scoring_forward(input_ids=tokens, attention_mask=mask[None, None], position_ids=pos,
+                                             use_cache=False, **kw)
+        parts.append(policy.features_logprobs(features[0].index_select(0, predictor),
+                                              torch.as_tensor(pack.target, device=device), temperature))
         rows += pack.row
         cols += pack.col
     lp = torch.cat(parts)

@@ -129,15 +129,15 @@ def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: floa
         # and the LM head is one matmul (a strided slice made the CPU copy the head's weight per row)
         kwargs["logits_to_keep"] = torch.arange(first - 1, t_max, device=device)
     with policy.autocast():
-        logits = policy.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
-    logits = logits[:, -(t_max - first + 1):]  # positions first-1 .. t_max-1
-    lp = policy.logprobs_of(logits[:, :-1], ids[:, first:], temperature) * mask[:, first:]
+        features, _ = policy.scoring_forward(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs)
+        features = features[:, -(t_max - first + 1):]  # positions first-1 .. t_max-1
+        lp = policy.features_logprobs(features[:, :-1], ids[:, first:], temperature) * mask[:, first:]
     return torch.cat([torch.zeros(len(samples), first, dtype=lp.dtype, device=device), lp], dim=1)
 
 
 def _text_logprobs(policy, samples: Sequence, temperature: float) -> torch.Tensor:
     """The three shared-prefix stages for a text model (see the module docstring)."""
-    model, device = policy.model, policy.device
+    device = policy.device
     cache_arg, logits_to_keep = policy.cache_arg, policy.takes_logits_to_keep
     ids = [np.asarray(s.token_ids, dtype=np.int64) for s in samples]
     b = len(ids)
@@ -153,7 +153,7 @@ def _text_logprobs(policy, samples: Sequence, temperature: float) -> torch.Tenso
     if head_len >= MIN_PREFIX:
         head = torch.as_tensor(unique[0][:head_len], device=device)[None]
         kw = {"logits_to_keep": 1} if logits_to_keep else {}
-        cache = getattr(model(input_ids=head, use_cache=True, **kw), cache_arg)
+        cache = getattr(policy.scoring_forward(input_ids=head, use_cache=True, **kw)[1], cache_arg)
         if u > 1:
             cache.batch_repeat_interleave(u)
     else:
@@ -176,10 +176,11 @@ def _text_logprobs(policy, samples: Sequence, temperature: float) -> torch.Tenso
         last = torch.searchsorted(keep, last)
     if cache is not None:
         kw[cache_arg] = cache
-    out = model(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                position_ids=positions[None].expand(u, -1), cache_position=positions, use_cache=True, **kw)
-    first_logits = out.logits[torch.arange(u), last.to(device)]  # [U, V]: predicts each reply's first token
-    first_logits = first_logits.index_select(0, torch.as_tensor(inverse, device=device))  # [B, V]
+    features, out = policy.scoring_forward(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                                           position_ids=positions[None].expand(u, -1), cache_position=positions,
+                                           use_cache=True, **kw)
+    first = features[torch.arange(u), last.to(device)]  # [U, H or V]: predicts each reply's first token
+    first = first.index_select(0, torch.as_tensor(inverse, device=device))  # [B, H or V]
 
     # 3. the replies, on the prompts' caches gathered per sample, at their true positions
     slen, s_max, suffix = _replies(ids, plen, policy.pad_token_id, device)
@@ -192,13 +193,13 @@ def _text_logprobs(policy, samples: Sequence, temperature: float) -> torch.Tenso
             mask[i, :p] = 1  # the prompt's slots (its padding up to `width` stays hidden)
             mask[i, width : width + s - 1] = 1
         pos = torch.as_tensor(plen, dtype=torch.long)[:, None] + torch.arange(s_max - 1)[None]
-        out2 = model(input_ids=suffix[:, :-1], attention_mask=mask.to(device), position_ids=pos.to(device),
-                     cache_position=torch.arange(width, width + s_max - 1, device=device), use_cache=True,
-                     **{cache_arg: cache})
-        logits = torch.cat([first_logits[:, None], out2.logits], dim=1)  # [B, S, V]
+        rest_features, _ = policy.scoring_forward(
+            input_ids=suffix[:, :-1], attention_mask=mask.to(device), position_ids=pos.to(device),
+            cache_position=torch.arange(width, width + s_max - 1, device=device), use_cache=True, **{cache_arg: cache})
+        features = torch.cat([first[:, None], rest_features], dim=1)  # [B, S, H or V]
     else:
-        logits = first_logits[:, None]
-    return _place(policy.logprobs_of(logits, suffix, temperature), plen, slen, t_max)
+        features = first[:, None]
+    return _place(policy.features_logprobs(features, suffix, temperature), plen, slen, t_max)
 
 
 def _replies(ids: Sequence[np.ndarray], plen: Sequence[int], pad: int, device) -> tuple[list[int], int, torch.Tensor]:
@@ -264,14 +265,15 @@ def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: f
     # 1. the header, once; 2. each distinct prompt with its images, once
     cache = DynamicCache(config=model.config)  # a plain cache: its tensors are never written in place
     if region:
-        model(input_ids=full[:1, :region], position_ids=positions[:, :1, :region], use_cache=True, logits_to_keep=1,
-              **{cache_arg: cache})
+        policy.scoring_forward(input_ids=full[:1, :region], position_ids=positions[:, :1, :region], use_cache=True,
+                               logits_to_keep=1, **{cache_arg: cache})
         if u > 1:
             cache.batch_repeat_interleave(u)
-    out = model(input_ids=full[:, region:], attention_mask=mask, position_ids=positions[:, :, region:],
-                use_cache=True, logits_to_keep=1, **vision, **{cache_arg: cache})
+    features, out = policy.scoring_forward(input_ids=full[:, region:], attention_mask=mask,
+                                           position_ids=positions[:, :, region:], use_cache=True, logits_to_keep=1,
+                                           **vision, **{cache_arg: cache})
     rows_t = torch.as_tensor(inverse, device=device)
-    first_logits = out.logits[:, -1].index_select(0, rows_t)  # [B, V]: each reply's first token
+    first = features[:, -1].index_select(0, rows_t)  # [B, H or V]: each reply's first token
 
     # 3. the replies on the gathered caches, continuing at the prompt's largest position + 1
     slen, s_max, suffix = _replies(ids, plen, policy.pad_token_id, device)
@@ -282,9 +284,9 @@ def _vision_logprobs(policy, samples: Sequence, images: Sequence, temperature: f
         attn = torch.cat([mask.index_select(0, rows_t), reply_mask], dim=1)
         start = (positions.amax(dim=(0, 2)) + 1).index_select(0, rows_t)  # [B]
         pos = (start[:, None] + torch.arange(s_max - 1, device=device)[None])[None].expand(3, -1, -1)
-        out2 = model(input_ids=suffix[:, :-1], attention_mask=attn, position_ids=pos, use_cache=True,
-                     **{cache_arg: cache})
-        logits = torch.cat([first_logits[:, None], out2.logits], dim=1)
+        rest_features, _ = policy.scoring_forward(input_ids=suffix[:, :-1], attention_mask=attn, position_ids=pos,
+                                                  use_cache=True, **{cache_arg: cache})
+        features = torch.cat([first[:, None], rest_features], dim=1)
     else:
-        logits = first_logits[:, None]
-    return _place(policy.logprobs_of(logits, suffix, temperature), plen, slen, t_max)
+        features = first[:, None]
+    return _place(policy.features_logprobs(features, suffix, temperature), plen, slen, t_max)

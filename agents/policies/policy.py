@@ -40,6 +40,10 @@ _VISION_SPECIALS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vis
 #: Logits above this many elements are turned into fp32 log-probs in row chunks (64M elements:
 #: 256 MB of fp32 at a time, ~430 rows of a 151k vocabulary); the embedded models never reach it.
 LOGPROB_CHUNK_ELEMENTS = 1 << 26
+#: Model types whose causal-LM forward is ``lm_head(decoder(...).last_hidden_state[kept])``, the
+#: head a bias-free ``Linear``: the learner scores them through the fused head
+#: (:meth:`Policy.scoring_forward`, :mod:`agents.policies.head`).
+FUSED_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl"})
 
 
 def configure_threads(num_threads: int | None = None) -> int:
@@ -164,6 +168,7 @@ class Policy:
         self.cache_arg: str = "cache" if "cache" in forward_params else "past_key_values"
         #: Whether ``forward`` takes ``logits_to_keep`` (only some positions through the LM head).
         self.takes_logits_to_keep: bool = "logits_to_keep" in forward_params
+        self._fusable_head = self._head_fuses(model)
         vocab_ids = tokenizer.get_vocab()
         self.image_token_id: int | None = vocab_ids.get("<|image_pad|>")
         self.video_token_id: int | None = vocab_ids.get("<|video_pad|>")
@@ -392,6 +397,59 @@ class Policy:
                 parts.append(self._logprobs_of(chunk, target, temperature))
         return torch.cat(parts).reshape(shape)
 
+    @staticmethod
+    def _head_fuses(model) -> bool:
+        """Whether the model's forward ends in its decoder's last hidden states through a
+        bias-free ``Linear`` head and nothing else (:data:`FUSED_HEAD_TYPES`, no logit scaling or
+        soft-capping, a decoder that takes the images of a VLM itself)."""
+        import inspect
+
+        config, decoder = model.config, getattr(model, "model", None)
+        if getattr(config, "model_type", None) not in FUSED_HEAD_TYPES or decoder is None:
+            return False
+        if any(getattr(config, k, None) not in (None, 1.0) for k in ("logit_scale", "final_logit_softcapping")):
+            return False
+        takes = inspect.signature(decoder.forward).parameters
+        return not hasattr(config, "vision_config") or "pixel_values" in takes
+
+    @property
+    def fused_head(self) -> bool:
+        """Whether scoring runs the decoder and the fused head of :mod:`agents.policies.head`
+        instead of the model's own forward and :meth:`logprobs_of` (same values and gradients).
+        Not for a sharded model (its head's weight is a shard outside the model's forward) nor
+        a head that adapters replaced."""
+        head = self.model.get_output_embeddings()
+        return (self._fusable_head and not getattr(self, "sharded", False) and type(head) is torch.nn.Linear
+                and head.bias is None)
+
+    def scoring_forward(self, **kwargs) -> tuple[torch.Tensor, Any]:
+        """The model's forward for scoring, the same keywords (``logits_to_keep`` included):
+        ``(features, output)``, ``output`` carrying the cache. The features at the kept positions
+        are the last hidden states where the head is fused (:attr:`fused_head`), else the logits;
+        :meth:`features_logprobs` turns either into log-probs."""
+        if not self.fused_head:
+            out = self.model(**kwargs)
+            return out.logits, out
+        keep = kwargs.pop("logits_to_keep", 0)
+        out = self.model.model(**kwargs)
+        hidden = out.last_hidden_state
+        if isinstance(keep, torch.Tensor):
+            hidden = hidden[:, keep]
+        elif keep:
+            hidden = hidden[:, -keep:]
+        return hidden, out
+
+    def features_logprobs(self, features: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log_softmax(logits / T)[target]`` in fp32 from :meth:`scoring_forward`'s features
+        [..., H or V], targets [...]: :func:`agents.policies.head.head_logprobs` on hidden states,
+        :meth:`logprobs_of` on logits."""
+        if self.fused_head:
+            from agents.policies.head import head_logprobs
+
+            return head_logprobs(features, self.model.get_output_embeddings().weight, targets, temperature,
+                                 self.suppressed_ids)
+        return self.logprobs_of(features, targets, temperature)
+
     def _logprobs_of(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
         scaled = self.scaled_logits(logits, temperature)
         out = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
@@ -431,8 +489,8 @@ class Policy:
                 raise ValueError(f"samples reference {n_needed} images but {len(flat)} were given")
             kwargs = {**self.vision_inputs(flat), **self._mm_types(ids)}
         with self.autocast():
-            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
-        lp = self.logprobs_of(logits[:, :-1], ids[:, 1:], temperature) * mask[:, 1:]
+            features, _ = self.scoring_forward(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs)
+            lp = self.features_logprobs(features[:, :-1], ids[:, 1:], temperature) * mask[:, 1:]
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
     # -- sampling ------------------------------------------------------------------------
