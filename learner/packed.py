@@ -50,8 +50,9 @@ from learner.prompts import group_prompts, prompt_lengths, vision_applies
 #: Most tokens of one pack (one forward pass). The attention of a pack is dense over its length:
 #: at 1024 it adds at most ~12% to a 0.5B layer's per-token work.
 PACK_TOKENS = 1024
-#: Attention implementations that take a custom 4-D mask as given.
-MASKED_ATTENTION = ("sdpa", "eager")
+#: Attention implementations that take a custom 4-D mask as given (``freshper_sdpa``:
+#: :mod:`agents.policies.attention`, sdpa's masks).
+MASKED_ATTENTION = ("sdpa", "eager", "freshper_sdpa")
 
 
 def applies(policy) -> bool:

@@ -160,6 +160,9 @@ class Policy:
         self.model.generation_config = GenerationConfig(
             eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, bos_token_id=None
         )
+        from agents.policies import attention
+
+        attention.install(model)  # short queries on the CPU as plain matrix products
         import inspect
 
         forward_params = inspect.signature(model.forward).parameters

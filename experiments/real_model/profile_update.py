@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--attention", action="store_true",
-                    help="instead: the bf16 update with the reference under PyTorch's SDPA kernels and eager attention")
+                    help="instead: the bf16 update with the reference under PyTorch's SDPA kernels, eager attention "
+                         "and the policy's default (short queries as matrix products)")
     a = ap.parse_args()
     from agents.policies.policy import Policy
     from agents.rollout.runner import Runner
@@ -85,12 +86,15 @@ def main() -> None:
 
 def attention_ab(a, update, policy, ref) -> None:
     """The bf16 update with the reference, alternating the attention implementation of both
-    models between PyTorch's SDPA (the default) and the eager matmul-softmax-matmul."""
+    models between PyTorch's SDPA, the eager matmul-softmax-matmul and the policy's default
+    (agents.policies.attention: the matrix products for short queries on the CPU, SDPA else)."""
+    from agents.policies.attention import NAME
+
     def use(impl: str) -> None:
         for m in (policy.model, ref.model):
             m.set_attn_implementation(impl)
 
-    times: dict[str, list[float]] = {"sdpa": [], "eager": []}
+    times: dict[str, list[float]] = {"sdpa": [], "eager": [], NAME: []}
     for impl in times:
         use(impl)
         update("bfloat16", 0.04)  # warm-up
