@@ -160,6 +160,7 @@ def setup(cfg: Config) -> Run:
         with loading(model_path):
             learner = build_learner(r, model_path, run_dir)
         policy = learner.policy
+        configure_threads(cfg.model.threads, parameters=policy.num_parameters)  # the rollouts' threads
         if policy.is_vision != (modality == "vision"):
             raise ValueError(f"--model {model_path} is a {'vision' if policy.is_vision else 'text'} model but "
                              f"{env_id} is a {modality} task")

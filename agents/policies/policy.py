@@ -46,19 +46,30 @@ LOGPROB_CHUNK_ELEMENTS = 1 << 26
 FUSED_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl"})
 
 
-def configure_threads(num_threads: int | None = None) -> int:
-    """Set torch's intra-op threads; default 1 on machines with <= 2 CPUs, else half, at most 8.
+#: On <= 2 CPUs a model of at least this many parameters samples on every core by default.
+LARGE_MODEL_PARAMETERS = 50_000_000
 
-    Measured on 2 shared cores (docs/performance_agents.md): a 64-episode FrozenLake collection
-    of the tiny model took 3.1 s with 1 thread and 28 s with 2 (spinning threads fighting the
-    other processes for the cores). CLIs and benchmarks call this once at start-up.
+
+def configure_threads(num_threads: int | None = None, *, parameters: int = 0) -> int:
+    """Set torch's intra-op threads; by default, on machines with <= 2 CPUs, 1 for a model of
+    fewer than :data:`LARGE_MODEL_PARAMETERS` parameters (``parameters``; 0: not known yet) and
+    every CPU for a larger one; else half the CPUs, at most 8.
+
+    Measured on 2 cores (docs/performance_agents.md, docs/results/real_model.md): a 64-episode
+    FrozenLake collection of the tiny model took 3.1 s with 1 thread and 28 s with 2 (spinning
+    threads fighting the other processes for the cores), while SmolLM2-135M's sampler makes
+    294 tokens/s with 2 threads against 220 with 1. CLIs and benchmarks call this once at
+    start-up, and again with ``parameters`` once the model is loaded.
     """
     if num_threads is None:
         try:
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
             cpus = os.cpu_count() or 1
-        num_threads = 1 if cpus <= 2 else max(1, min(8, cpus // 2))
+        if cpus <= 2:
+            num_threads = cpus if parameters >= LARGE_MODEL_PARAMETERS else 1
+        else:
+            num_threads = max(1, min(8, cpus // 2))
     torch.set_num_threads(num_threads)
     return num_threads
 
@@ -414,6 +425,11 @@ class Policy:
             return False
         takes = inspect.signature(decoder.forward).parameters
         return not hasattr(config, "vision_config") or "pixel_values" in takes
+
+    @property
+    def num_parameters(self) -> int:
+        """The model's parameters, frozen ones (a LoRA policy's base) included."""
+        return sum(p.numel() for p in self.model.parameters())
 
     @property
     def fused_head(self) -> bool:

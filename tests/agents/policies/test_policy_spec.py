@@ -73,3 +73,21 @@ def test_vllm_args_are_typed_settings() -> None:
         EngineSettings("vllm", None, {"colocated": True})
     with pytest.raises(ValueError, match="lora must be"):
         EngineSettings("vllm", None, {"lora": "both"})
+
+
+def test_rollout_threads_default_to_one_for_small_models_and_every_core_for_large_ones_on_two_cpus():
+    import os
+
+    from agents.policies.policy import LARGE_MODEL_PARAMETERS, configure_threads
+
+    cpus = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        if cpus <= 2:
+            assert configure_threads() == 1 == torch.get_num_threads()
+            assert configure_threads(parameters=LARGE_MODEL_PARAMETERS) == cpus == torch.get_num_threads()
+        else:
+            assert configure_threads(parameters=LARGE_MODEL_PARAMETERS) == configure_threads() == min(8, cpus // 2)
+        assert configure_threads(3, parameters=LARGE_MODEL_PARAMETERS) == 3  # a given count wins
+    finally:
+        torch.set_num_threads(before)
