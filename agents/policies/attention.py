@@ -13,10 +13,11 @@ one. ``benchmarks/attention_bench.py`` measures both on the shapes of these pass
 
 :func:`install` registers ``freshper_sdpa`` with transformers' attention and mask registries and
 switches a model that uses ``sdpa`` to it. Each call then takes the matrix products on the CPU
-for queries of at most :data:`SHORT_QUERY` tokens (and scores of at most :data:`MAX_SCORES`
-elements), and transformers' own ``sdpa`` function otherwise: on other devices, for long
-queries, and with any option the short path does not handle (dropout, a position bias,
-soft-capping, attention weights asked for). The masks are ``sdpa``'s, so both paths see the
+for queries of 2 to :data:`SHORT_QUERY` tokens (and scores of at most :data:`MAX_SCORES`
+elements), and transformers' own ``sdpa`` function otherwise: on other devices, for one-token
+queries (a decoding step, where transformers folds the grouped heads into one query and the
+kernel is as fast), for long queries, and with any option the short path does not handle
+(dropout, a position bias, soft-capping, attention weights asked for). The masks are ``sdpa``'s, so both paths see the
 same ones, and so does :mod:`learner.packed`. The setting is not saved with the model: a saved
 checkpoint names ``sdpa``.
 """
@@ -41,7 +42,7 @@ def short_attention(module, query, key, value, attention_mask, dropout: float = 
 
     b, heads, q_len, dim = query.shape
     k_len = key.shape[2]
-    if (query.device.type != "cpu" or q_len > SHORT_QUERY or b * heads * q_len * k_len > MAX_SCORES or dropout
+    if (query.device.type != "cpu" or q_len == 1 or q_len > SHORT_QUERY or b * heads * q_len * k_len > MAX_SCORES or dropout
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
             or kwargs.get("output_attentions")):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
