@@ -38,13 +38,12 @@ def _rows(vocab: int) -> int:
 
 
 def _scaled(logits: torch.Tensor, temperature: float, suppressed: Sequence[int]) -> torch.Tensor:
-    """``logits / T`` in fp32 with the suppressed ids at ``-inf`` (a new tensor)."""
+    """``logits / T`` in fp32 with the suppressed ids at ``-inf``; ``logits`` itself is never written."""
     out = logits.float()
     if temperature != 1.0:
         out = out / temperature
-    elif out.data_ptr() == logits.data_ptr():
-        out = out.clone()
     if suppressed:
+        out = out.clone() if out is logits else out
         out[:, suppressed] = float("-inf")
     return out
 
@@ -83,7 +82,7 @@ class _HeadLogprobs(torch.autograd.Function):
         rows = _rows(w.shape[0])
         for s in range(0, h.shape[0], rows):
             g = grad[s:s + rows, None]
-            p = _scaled(logits[s:s + rows], temperature, suppressed).sub_(lse[s:s + rows, None]).exp_()
+            p = (_scaled(logits[s:s + rows], temperature, suppressed) - lse[s:s + rows, None]).exp_()
             p.mul_(-g).scatter_add_(-1, targets[s:s + rows, None], g)
             if temperature != 1.0:
                 p.div_(temperature)
@@ -106,8 +105,6 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
     shape = targets.shape
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    if flat_targets.numel() == 0:
-        return torch.zeros(shape, dtype=torch.float32, device=hidden.device) + 0 * hidden.sum()
     with torch.autocast(device_type, enabled=False):
         out = _HeadLogprobs.apply(flat_hidden, weight, flat_targets, float(temperature), list(suppressed), dtype)
     return out.reshape(shape)
