@@ -58,7 +58,7 @@ def configure_threads(num_threads: int | None = None, *, parameters: int = 0) ->
     Measured on 2 cores (docs/performance_agents.md, docs/results/real_model.md): a 64-episode
     FrozenLake collection of the tiny model took 3.1 s with 1 thread and 28 s with 2 (spinning
     threads fighting the other processes for the cores), while SmolLM2-135M's sampler makes
-    294 tokens/s with 2 threads against 220 with 1. CLIs and benchmarks call this once at
+    352 tokens/s with 2 threads against 207 with 1. CLIs and benchmarks call this once at
     start-up, and again with ``parameters`` once the model is loaded.
     """
     if num_threads is None:
