@@ -170,11 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print where a served step's time goes (batched steps, resets one by one)")
     parser.add_argument("--server", choices=("process", "thread"), default="process",
                         help="run the server as its own process (python -m envs.serve) or in a thread of this one")
+    parser.add_argument("--no-inline", dest="inline", action="store_false",
+                        help="the server answers every call in its thread pool (envs.serve --no-inline)")
     args = parser.parse_args(argv)
     proc = server = None
     if args.server == "process":
         proc = subprocess.Popen([sys.executable, "-m", "envs.serve", args.env, "--port", "0", "--max-sessions",
-                                 str(max(args.sessions)), "--log-level", "WARNING"], cwd=REPO,
+                                 str(max(args.sessions)), "--log-level", "WARNING",
+                                 *([] if args.inline else ["--no-inline"])], cwd=REPO,
                                 stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline()
         found = re.search(r"at (http://\S+):", line)
@@ -183,13 +186,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"the server did not start: {line!r}")
         url = found.group(1)
     else:
-        server = make_server(args.env, limits=Limits(max_sessions=max(args.sessions))).start()
+        server = make_server(args.env, limits=Limits(max_sessions=max(args.sessions)), inline=args.inline).start()
         url = server.url
     profiles: list[str] = []
     try:
         remote_id = remote_id_of(url)
         where = "its own process" if proc is not None else "a thread of this process"
-        print(f"{args.env}, {args.seconds:g} s per setting, the server on loopback in {where}")
+        print(f"{args.env}, {args.seconds:g} s per setting, the server on loopback in {where}"
+              f"{'' if args.inline else ', every call in its pool (--no-inline)'}")
         print(f"{'sessions':>8}  {'in-process':>11}  {'batched steps':>13}  {'ratio':>6}  {'batched steps+resets':>20}  "
               f"{'ratio':>6}  {'threads':>9}  {'ratio':>6}")
         for n in args.sessions:

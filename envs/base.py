@@ -38,6 +38,8 @@ what a task declares or implements         what it is for / the default
                                            none
 ``server_kwargs`` (class attribute)        keyword arguments no client may set, even on a
                                            server that allows client kwargs; none
+``quick_calls`` (class attribute)          the served operations short enough to answer on
+                                           the server's event loop; none
 =========================================  ==================================================
 
 What a task may add for pretraining, the embedded model's tokenizer and diagnostics (a
@@ -207,6 +209,11 @@ class MultiTurnEnv(gym.Env[dict, str]):
     #: Keyword arguments a server applies beneath its own when it serves the task (e.g. where
     #: answers are scored); none.
     served_kwargs: ClassVar[Mapping[str, Any]] = {}
+    #: The served task's operations (``"reset"``, ``"step"``, ``"call"``) whose work is short and
+    #: bounded whatever a client sends (well under a millisecond, no I/O, no waiting): the server
+    #: answers them on its event loop instead of handing each to a thread. None: every call is
+    #: answered in the server's pool.
+    quick_calls: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Derive (or check) the render modes the class implements, and check its modality.

@@ -172,6 +172,8 @@ class FrozenLakeEnv(MultiTurnEnv):
     client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "size": ClientKwarg(int, 2, 12), "p": ClientKwarg(float, 0.5, 1.0),
                                "map_name": ClientKwarg(str, choices=tuple(MAPS)), "is_slippery": ClientKwarg(bool),
                                "hole_reward": ClientKwarg(float, -1.0, 1.0)}
+    #: A step, a reset (a map of at most 12x12) and the text calls take tens of microseconds.
+    quick_calls: ClassVar = frozenset({"reset", "step", "call"})
 
     def __init__(
         self,
@@ -423,6 +425,8 @@ class FrozenLakeVisionEnv(FrozenLakeEnv):
     """FrozenLake observed as an image; the text observation holds ``<image>`` for the board."""
 
     modality = "vision"
+    #: Every observation is a picture to encode as PNG: the server's pool answers.
+    quick_calls: ClassVar = frozenset()
 
     def instructions(self) -> str:
         return (

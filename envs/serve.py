@@ -3,15 +3,16 @@
     python -m envs.serve freshper/FrozenLake-v0 --port 8000 [--host 127.0.0.1] [--max-sessions 64]
         [--idle-timeout 300] [--max-message-bytes 8388608] [--request-timeout 30] [--max-connections 256]
         [--kw size=6 ...]
-        [--allow-client-kwargs | --lock-kwargs]
+        [--allow-client-kwargs | --lock-kwargs] [--no-inline]
 
 The client is :class:`envs.remote.RemoteEnv`, itself a ``gymnasium.Env``:
 ``gym.make("freshper/Remote-v0", url="http://127.0.0.1:8000")`` (``freshper/RemoteVision-v0``
 for a vision task), so the runner, ``train.py`` and Ray workers play a served task as if it
 were local. The server is uvicorn (httptools' parser, uvloop where installed; keep-alive
 connections) under the shared lifecycle and connection limits of :mod:`envs.asgi`; a request's
-work (decoding its body, the task's step, encoding the answer) runs in a pool of threads, never
-on the event loop.
+work (decoding its body, the task's step, encoding the answer) runs in a pool of threads, except
+the calls a task declares quick (``quick_calls``: a FrozenLake step), answered on the event loop
+(``--no-inline``: in the pool too).
 
 The protocol (``freshper-env/1``; every body is a JSON object, every answer too):
 
@@ -136,6 +137,13 @@ class Limits:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+
+class Busy(Exception):
+    """A session another request holds, met by a call that does not wait (``done``: in a batch,
+    the answers of the calls before it)."""
+
+    done: list | None = None
 
 
 class ServeError(Exception):
@@ -277,7 +285,7 @@ class TaskService:
 
     def __init__(self, env_id: str, kwargs: dict[str, Any] | None = None, limits: Limits | None = None, *,
                  client_kwargs: str = "declared", allow_client_kwargs: bool = False,
-                 lock_kwargs: bool = False) -> None:
+                 lock_kwargs: bool = False, inline: bool = True) -> None:
         import envs
 
         if client_kwargs not in CLIENT_KWARGS:
@@ -294,6 +302,10 @@ class TaskService:
         self.allowed = dict(getattr(cls, "client_kwargs", None) or {})
         self.server_only = frozenset(getattr(cls, "server_kwargs", None) or ())
         self.kwargs = {**dict(getattr(cls, "served_kwargs", None) or {}), **dict(kwargs or {})}
+        #: The operations answered on the event loop (the task's ``quick_calls``; none when
+        #: ``inline`` is off, or once one of them took longer than :data:`INLINE_BUDGET`).
+        self.quick = frozenset(getattr(cls, "quick_calls", None) or ()) & {"reset", "step", "call"} if inline \
+            else frozenset()
         self.limits = limits or Limits()
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
@@ -433,15 +445,19 @@ class TaskService:
             self._close_env(session)
 
     # operations on one session
-    def run(self, sid: str, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    def run(self, sid: str, op: str, body: dict[str, Any], *, blocking: bool = True) -> dict[str, Any]:
+        """``op`` on session ``sid``; with ``blocking=False`` a :class:`Busy` instead of waiting
+        while another request holds the session."""
         session = self._session(sid)
-        with session.lock:
+        if not session.lock.acquire(blocking):
+            raise Busy()
+        try:
             if session.closed:
                 raise ServeError(404, f"session {_clip(repr(sid))} was closed")
-            try:
-                return getattr(self, "_" + op)(session.env, body)
-            finally:
-                session.last_used = time.monotonic()
+            return getattr(self, "_" + op)(session.env, body)
+        finally:
+            session.last_used = time.monotonic()
+            session.lock.release()
 
     @staticmethod
     def _reset(env: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -484,18 +500,29 @@ class TaskService:
             return {"result": encode_image(result)}
         return {"result": result}
 
-    def batch(self, body: dict[str, Any]) -> dict[str, Any]:
+    def batch_calls(self, body: dict[str, Any]) -> list:
+        """The calls of a ``/batch`` body, or a :class:`ServeError` saying why not."""
         calls = body.get("calls")
         if not isinstance(calls, list):
             raise ServeError(400, "'calls' must be a list of {session, op, ...} objects")
         if len(calls) > self.limits.max_sessions:
             raise ServeError(400, f"a batch holds at most {self.limits.max_sessions} calls (max_sessions), got {len(calls)}")
-        results = []
-        for call in calls:
+        return calls
+
+    def batch(self, body: dict[str, Any], *, blocking: bool = True, done: list | None = None) -> dict[str, Any]:
+        """The answers of a ``/batch`` body's calls, in order. ``done``: the answers of its first
+        calls, already made (the rest are made now); with ``blocking=False`` a session another
+        request holds stops the batch with a :class:`Busy` holding the answers so far."""
+        calls = self.batch_calls(body)
+        results = [] if done is None else done
+        for call in calls[len(results):]:
             try:
                 if not isinstance(call, dict) or call.get("op") not in ("reset", "step", "call"):
                     raise ServeError(400, "each call must be an object with 'session' and 'op' (reset, step or call)")
-                results.append(self.run(str(call.get("session")), call["op"], call))
+                results.append(self.run(str(call.get("session")), call["op"], call, blocking=blocking))
+            except Busy as busy:
+                busy.done = results
+                raise
             except ServeError as err:
                 results.append({"error": str(err), "status": err.status})
             except Exception as err:
@@ -534,11 +561,33 @@ def _encode(payload: dict[str, Any]) -> bytes:
         return json.dumps(jsonable(payload), ensure_ascii=False).encode("utf-8")
 
 
+#: Bodies of at most this many bytes may be answered on the event loop (larger ones are read
+#: there, decoded in the pool).
+INLINE_BYTES = 64 << 10
+#: Seconds an answer on the event loop may take: past it the task's calls go to the pool for good.
+INLINE_BUDGET = 0.05
+
+
+class _Later:
+    """A request the event loop began and the pool finishes: its decoded body and, for a
+    batch, the answers made so far."""
+
+    __slots__ = ("body", "done")
+
+    def __init__(self, body: dict[str, Any], done: list | None = None) -> None:
+        self.body, self.done = body, done
+
+
 class TaskApp:
     """The ASGI app of one :class:`TaskService`. A request's body is read on the event loop
-    (the connection's deadline and the size cap hold while it arrives); decoding it, the task's
+    (the connection's deadline and the size cap hold while it arrives). Decoding it, the task's
     work and encoding the answer run in a pool of threads, so a slow step (an answer scored in
-    the task's worker process, a level generated) never holds up another request."""
+    the task's worker process, a level generated) never holds up another request; except for
+    the calls a task declares quick (its ``quick_calls``: a FrozenLake step, a board's text),
+    which with a body of at most :data:`INLINE_BYTES` are answered on the event loop itself,
+    saving the two thread hand-offs that cost more than the step. Such a call that meets a
+    session held by another request goes to the pool, and one that takes longer than
+    :data:`INLINE_BUDGET` sends every later call there."""
 
     def __init__(self, service: TaskService) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -548,6 +597,7 @@ class TaskApp:
         self.pool = ThreadPoolExecutor(max_workers=max(4, min(limits.max_sessions, limits.max_connections)) + 2,
                                        thread_name_prefix="envs.serve")
         self.stopping = False
+        self.inline_answers = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -568,25 +618,72 @@ class TaskApp:
                                              "sessions": self.service.open_sessions,
                                              "max_sessions": self.service.limits.max_sessions})
             else:
-                loop = asyncio.get_running_loop()
-                status, data = await loop.run_in_executor(self.pool, self.answer, method, path, raw)
+                quick = self.quick_answer(method, path, raw) if self.service.quick else None
+                if isinstance(quick, tuple):
+                    status, data = quick
+                else:
+                    body, done = (quick.body, quick.done) if quick is not None else (None, None)
+                    loop = asyncio.get_running_loop()
+                    status, data = await loop.run_in_executor(self.pool, self.answer, method, path, raw, body, done)
         except Refused as err:
             message = str(err) + (" (--max-message-bytes)" if err.status == 413 else "")
             status, data, close = err.status, _encode({"error": message}), err.close
         await send_json(send, status, data, close=close)
 
-    def answer(self, method: str, path: str, raw: bytes) -> tuple[int, bytes]:
-        """``(status, JSON answer)`` of one request whose body has arrived (in a pool thread)."""
+    def quick_answer(self, method: str, path: str, raw: bytes) -> tuple[int, bytes] | _Later | None:
+        """The answer to a quick call, made here on the event loop; else ``None`` (the pool
+        answers the request) or where the pool takes it up (:class:`_Later`)."""
         service = self.service
+        if method != "POST" or len(raw) > INLINE_BYTES:
+            return None
+        parts = [p for p in path.split("/") if p]
+        if parts == ["batch"]:
+            op = None
+        elif len(parts) == 3 and parts[0] == "sessions" and parts[2] in service.quick:
+            op = parts[2]
+        else:
+            return None
+        start = time.perf_counter()
         try:
             body = _parse_body(raw)
+            if op is None:
+                calls = service.batch_calls(body)
+                if not all(type(c) is dict and type(c.get("op")) is str and c["op"] in service.quick for c in calls):
+                    return _Later(body)
+                out = service.batch(body, blocking=False)
+            else:
+                out = service.run(parts[1], op, body, blocking=False)
+            answer = 200, _encode(out)
+        except Busy as busy:  # another request holds a session: the pool waits for it
+            return _Later(body, busy.done)
+        except ServeError as err:
+            answer = err.status, _encode({"error": str(err)})
+        except Exception as err:  # a task's bug must not kill the server; the client sees a 500
+            logger.exception("request failed")
+            answer = 500, _encode({"error": _clip(f"internal error: {type(err).__name__}: {err}", 500)})
+        self.inline_answers += 1
+        took = time.perf_counter() - start
+        if took > INLINE_BUDGET and service.quick:
+            service.quick = frozenset()
+            logger.warning("a quick call of %s took %.0f ms on the event loop (over %.0f ms); its calls are "
+                           "answered in the pool from now on", service.env_id, took * 1e3, INLINE_BUDGET * 1e3)
+        return answer
+
+    def answer(self, method: str, path: str, raw: bytes, body: dict[str, Any] | None = None,
+               done: list | None = None) -> tuple[int, bytes]:
+        """``(status, JSON answer)`` of one request whose body has arrived (in a pool thread);
+        ``body``: already decoded; ``done``: a batch's answers so far."""
+        service = self.service
+        try:
+            if body is None:
+                body = _parse_body(raw)
             parts = [p for p in path.split("/") if p]
             if method == "GET" and parts == ["info"]:
                 out = service.info()
             elif method == "POST" and parts == ["sessions"]:
                 out = service.open(body)
             elif method == "POST" and parts == ["batch"]:
-                out = service.batch(body)
+                out = service.batch(body, done=done)
             elif method == "POST" and len(parts) == 3 and parts[0] == "sessions" and parts[2] in ("reset", "step", "call"):
                 out = service.run(parts[1], parts[2], body)
             elif method == "DELETE" and len(parts) == 2 and parts[0] == "sessions":
@@ -638,20 +735,22 @@ class TaskServer(HTTPServer):
 
 def make_server(env_id: str, host: str = "127.0.0.1", port: int = 0, *, kwargs: dict[str, Any] | None = None,
                 limits: Limits | None = None, client_kwargs: str = "declared", allow_client_kwargs: bool = False,
-                lock_kwargs: bool = False) -> TaskServer:
+                lock_kwargs: bool = False, inline: bool = True) -> TaskServer:
     """A server for ``env_id`` bound to ``host:port`` (0: a free port), not yet serving:
     ``start()`` (in a thread of its own) or ``serve_forever()``, then ``shutdown()`` and
     ``server_close()`` (:class:`envs.asgi.HTTPServer`). ``client_kwargs``,
-    ``allow_client_kwargs``, ``lock_kwargs``: :class:`TaskService`'s."""
+    ``allow_client_kwargs``, ``lock_kwargs``, ``inline``: :class:`TaskService`'s."""
     return TaskServer((host, port), TaskService(env_id, kwargs, limits, client_kwargs=client_kwargs,
-                                                allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs))
+                                                allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs,
+                                                inline=inline))
 
 
 def serve(env_id: str, host: str, port: int, *, kwargs: dict[str, Any] | None = None, limits: Limits | None = None,
-          client_kwargs: str = "declared", allow_client_kwargs: bool = False, lock_kwargs: bool = False) -> None:
+          client_kwargs: str = "declared", allow_client_kwargs: bool = False, lock_kwargs: bool = False,
+          inline: bool = True) -> None:
     """Serve until SIGTERM/SIGINT, then close every session and exit."""
     server = make_server(env_id, host, port, kwargs=kwargs, limits=limits, client_kwargs=client_kwargs,
-                         allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs)
+                         allow_client_kwargs=allow_client_kwargs, lock_kwargs=lock_kwargs, inline=inline)
     vision = "Vision" if server.service.spec.modality == "vision" else ""
     serve_until_signal(server, f"serving {env_id} ({PROTOCOL}) at {server.url}: "
                                f"gym.make('freshper/Remote{vision}-v0', url='{server.url}')")
@@ -679,6 +778,8 @@ def main(argv: list[str] | None = None) -> int:
                           "allow-list's bounds and the server-only kwargs still hold)")
     who.add_argument("--lock-kwargs", action="store_true",
                      help="refuse every task kwarg from clients, the task's allow-list included")
+    parser.add_argument("--no-inline", dest="inline", action="store_false",
+                        help="answer every call in the thread pool, the task's quick calls too")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -692,7 +793,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     kwargs = parse_kwargs(args.kw)
     serve(args.env_id, args.host, args.port, kwargs=kwargs, limits=limits,
-          allow_client_kwargs=args.allow_client_kwargs, lock_kwargs=args.lock_kwargs)
+          allow_client_kwargs=args.allow_client_kwargs, lock_kwargs=args.lock_kwargs, inline=args.inline)
     return 0
 
 

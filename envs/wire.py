@@ -12,8 +12,9 @@ Used by the task server's client (:mod:`envs.remote`) and the endpoint evaluator
 - :func:`loads_json` refuses JSON nested deeper than ``max_depth``, non-standard constants
   (``NaN``, ``Infinity``), numbers that overflow a float (``1e400``) and integers of thousands
   of digits.
-- :class:`KeepAlive` is one persistent connection (``http.client`` parsing the answers) whose
-  requests each end within a deadline, answers read through :class:`CappedBody`.
+- :class:`KeepAlive` is one persistent connection whose requests each end within a deadline,
+  answers parsed as HTTP/1.x by :class:`_Answer` (``Content-Length``, ``chunked`` or
+  close-delimited bodies) and read through :class:`CappedBody`.
 - :func:`deadline_client` is an ``httpx.Client`` whose requests run under
   :func:`deadline`: every connect, write and read waits at most what is left of one deadline
   for the whole request, so a server trickling a byte a second cannot hold a request past it
@@ -23,7 +24,6 @@ Used by the task server's client (:mod:`envs.remote`) and the endpoint evaluator
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import socket
@@ -255,7 +255,7 @@ def deadline_client(**kwargs: Any) -> Any:
     return httpx.Client(transport=transport, **kwargs)
 
 
-# -- one keep-alive connection under a deadline (http.client) -----------------------------------
+# -- one keep-alive connection under a deadline -------------------------------------------------
 class Unreachable(ConnectionError):
     """The server could not be connected to (refused, no route, the name unknown, connect timeout)."""
 
@@ -268,35 +268,153 @@ class Broken(ConnectionError):
     """The connection failed mid-request (dropped, reset, or a garbled answer)."""
 
 
-class _DeadlineIO(io.RawIOBase):
-    """A socket's reads, each waiting at most what is left until ``end`` (monotonic seconds)."""
+#: Bytes an answer's status line and headers may hold.
+MAX_HEAD_BYTES = 64 << 10
+#: Bytes of one chunk-size line (with its extensions) or trailer line.
+_MAX_LINE = 8 << 10
 
-    def __init__(self, sock: socket.socket, end: float) -> None:
-        super().__init__()
-        self._sock, self.end = sock, end
 
-    def readable(self) -> bool:
-        return True
+class _Answer:
+    """One HTTP/1.x answer read off a socket: the status line and headers, then the body as
+    raw chunks (``Content-Length``, ``chunked`` or, without either, up to the connection's end),
+    every read waiting at most what is left until ``end`` (monotonic seconds). The head is at
+    most :data:`MAX_HEAD_BYTES`; anything that is not HTTP/1.x is :class:`Broken`."""
 
-    def readinto(self, b: Any) -> int:
+    __slots__ = ("_sock", "end", "_buf", "status", "headers", "will_close", "_mode", "_left")
+
+    def __init__(self, sock: socket.socket, end: float, method: str) -> None:
+        self._sock, self.end, self._buf = sock, end, b""
+        while True:  # informational answers (100 Continue, 103 Early Hints) come before the real one
+            self._read_head()
+            if not 100 <= self.status < 200 or self.status == 101:
+                break
+        headers = self.headers
+        version_close = self.will_close
+        connection = headers.get("connection", "").lower()
+        self.will_close = "close" in connection or (version_close and "keep-alive" not in connection)
+        coding = headers.get("transfer-encoding")
+        length = headers.get("content-length")
+        if method == "HEAD" or self.status in (101, 204, 304):
+            self._mode, self._left = "none", 0
+        elif coding is not None:
+            if coding.lower().rsplit(",", 1)[-1].strip() != "chunked":
+                raise Broken(f"the answer's Transfer-Encoding {clip(coding, 40)!r} is not chunked")
+            self._mode, self._left = "chunked", 0
+        elif length is not None:
+            values = {v.strip() for v in length.split(",")}
+            value = values.pop() if len(values) == 1 else ""
+            if not value.isdigit() or not value.isascii():
+                raise Broken(f"the answer's Content-Length {clip(length, 40)!r} is not a number")
+            self._mode, self._left = "length", int(value)
+        else:
+            self._mode, self._left = "eof", 0
+            self.will_close = True
+
+    def _fill(self) -> bytes:
+        """The next bytes from the socket (``b""`` once the server has closed it)."""
         left = self.end - time.monotonic()
         if left <= 0:
             raise TooLate("the request's deadline passed")
         self._sock.settimeout(left)
         try:
-            return self._sock.recv_into(b)
+            return self._sock.recv(1 << 16)
         except (socket.timeout, TimeoutError):
             raise TooLate("the request's deadline passed") from None
 
+    def _read_head(self) -> None:
+        buf = self._buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head, self._buf = buf[:end], buf[end + 4:]
+                break
+            end = buf.find(b"\n\n")  # bare line feeds, as lenient parsers accept
+            if end >= 0:
+                head, self._buf = buf[:end], buf[end + 2:]
+                break
+            if len(buf) > MAX_HEAD_BYTES:
+                raise Broken(f"the answer's status line and headers exceed {MAX_HEAD_BYTES} bytes")
+            more = self._fill()
+            if not more:
+                raise Broken("the server closed the connection before answering" if not buf
+                             else "the server closed the connection mid-answer")
+            buf += more
+        if len(head) > MAX_HEAD_BYTES:
+            raise Broken(f"the answer's status line and headers exceed {MAX_HEAD_BYTES} bytes")
+        lines = head.split(b"\n")
+        parts = lines[0].rstrip(b"\r").split(None, 2)
+        if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or len(parts[1]) != 3 \
+                or not parts[1].isdigit():
+            raise Broken(f"not an HTTP/1.x status line: {clip(lines[0][:100].decode('latin-1'))!r}")
+        self.status = int(parts[1])
+        self.will_close = parts[0] == b"HTTP/1.0"
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not name or name != name.strip():
+                raise Broken(f"a malformed header line: {clip(line[:100].decode('latin-1'))!r}")
+            key = name.decode("latin-1").lower()
+            text = value.strip().decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        self.headers = headers
 
-class _Source:
-    """What ``http.client.HTTPResponse`` reads from: a socket's reads under a deadline."""
+    def _line(self) -> bytes:
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line, self._buf = self._buf[:end], self._buf[end + 1:]
+                return line.rstrip(b"\r")
+            if len(self._buf) > _MAX_LINE:
+                raise Broken("a chunk-size line of the answer is too long")
+            more = self._fill()
+            if not more:
+                raise Broken("the server closed the connection mid-answer")
+            self._buf += more
 
-    def __init__(self, sock: socket.socket, end: float) -> None:
-        self._io = _DeadlineIO(sock, end)
+    def _take(self, n: int) -> Iterator[bytes]:
+        """``n`` bytes of the body, as they arrive."""
+        while n > 0:
+            if not self._buf:
+                self._buf = self._fill()
+                if not self._buf:
+                    raise Broken("the server closed the connection mid-answer")
+            piece, self._buf = self._buf[:n], self._buf[n:]
+            n -= len(piece)
+            yield piece
 
-    def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(self._io, 1 << 16)
+    def chunks(self) -> Iterator[bytes]:
+        """The body's raw bytes (still content-encoded), as they arrive."""
+        mode = self._mode
+        if mode == "length":
+            yield from self._take(self._left)
+        elif mode == "chunked":
+            while True:
+                line = self._line()
+                size = line.split(b";", 1)[0].strip()
+                try:
+                    n = int(size, 16)
+                    if n < 0 or size[:1] in (b"+", b"-") or b"_" in size:
+                        raise ValueError
+                except ValueError:
+                    raise Broken(f"a malformed chunk size {clip(line[:40].decode('latin-1'))!r}") from None
+                if n == 0:
+                    while self._line():  # trailers, up to the blank line
+                        pass
+                    return
+                yield from self._take(n)
+                if self._line():
+                    raise Broken("a chunk of the answer is longer than its size")
+        elif mode == "eof":
+            if self._buf:
+                piece, self._buf = self._buf, b""
+                yield piece
+            while True:
+                piece = self._fill()
+                if not piece:
+                    return
+                yield piece
+        if self._buf and not self.will_close:  # bytes nobody asked for: the connection cannot be reused
+            self.will_close = True
 
 
 class KeepAlive:
@@ -358,7 +476,6 @@ class KeepAlive:
     def request(self, method: str, path: str, body: bytes | None = None, *, timeout: float, cap: int,
                 content_type: str = "application/json") -> tuple[int, bytes]:
         """``(status, decoded body)`` of one request (``path`` below the url's)."""
-        import http.client
         import select
 
         end = time.monotonic() + float(timeout)
@@ -385,26 +502,20 @@ class KeepAlive:
                     sock.sendall(data)
                 except (socket.timeout, TimeoutError):
                     raise TooLate("the request's deadline passed") from None
-                resp = http.client.HTTPResponse(_Source(sock, end), method=method)  # type: ignore[arg-type]
-                resp.begin()
-                length = resp.getheader("content-length", "")
-                if length.isdigit() and int(length) > cap:
-                    raise AnswerError(f"the answer is {int(length)} bytes, above the limit of {cap} bytes")
-                decoded = CappedBody(resp.getheader("content-encoding"), cap, "the answer")
-                while True:
-                    chunk = resp.read1(1 << 16)
-                    if not chunk:
-                        break
+                answer = _Answer(sock, end, method)
+                if answer._mode == "length" and answer._left > cap:
+                    raise AnswerError(f"the answer is {answer._left} bytes, above the limit of {cap} bytes")
+                decoded = CappedBody(answer.headers.get("content-encoding"), cap, "the answer")
+                for chunk in answer.chunks():
                     decoded.feed(chunk)
                 raw = decoded.finish()
-                status = resp.status
-                if resp.will_close:
+                if answer.will_close:
                     self._drop()
-                return status, raw
-            except (AnswerError, TooLate):
+                return answer.status, raw
+            except (AnswerError, TooLate, Broken):
                 self._drop()
                 raise
-            except (http.client.HTTPException, OSError) as exc:
+            except OSError as exc:
                 self._drop()
                 raise Broken(f"{type(exc).__name__}: {clip(str(exc))}") from None
             except BaseException:

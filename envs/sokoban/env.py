@@ -254,6 +254,9 @@ class SokobanEnv(MultiTurnEnv):
     #: A served Sokoban's clients pick a preset and the notation, not a level file or a search budget.
     client_kwargs: ClassVar = {**COMMON_CLIENT_KWARGS, "preset": ClientKwarg(str, choices=tuple(PRESETS)),
                                "board": ClientKwarg(str, choices=tuple(sorted(BOARD_NOTATIONS)))}
+    #: A step takes tens of microseconds; a reset may generate a room and the text calls may
+    #: search, so those are the server's pool's.
+    quick_calls: ClassVar = frozenset({"step"})
 
     def __init__(
         self,
@@ -689,6 +692,8 @@ class SokobanVisionEnv(SokobanEnv):
     """Sokoban observed as an image (same dynamics and seeds as :class:`SokobanEnv`)."""
 
     modality: ClassVar[str] = "vision"
+    #: Every observation is a picture to encode as PNG: the server's pool answers.
+    quick_calls: ClassVar = frozenset()
 
     def _legend(self) -> str:
         return (

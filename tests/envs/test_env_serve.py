@@ -109,8 +109,8 @@ def test_batched_resets_and_steps_answer_as_one_request_each_and_as_in_process(l
     locals_ = [gym.make(LAKE).unwrapped for _ in range(3)]
     counts = {"batch": 0, "run": 0}
     batch, run = service.batch, service.run
-    service.batch = lambda body: counts.__setitem__("batch", counts["batch"] + 1) or batch(body)
-    service.run = lambda *a: counts.__setitem__("run", counts["run"] + 1) or run(*a)
+    service.batch = lambda body, **kw: counts.__setitem__("batch", counts["batch"] + 1) or batch(body, **kw)
+    service.run = lambda *a, **kw: counts.__setitem__("run", counts["run"] + 1) or run(*a, **kw)
     try:
         RemoteEnv.before_batch_reset(remotes, [11, 12, 13])
         assert counts == {"batch": 1, "run": 3}
@@ -130,6 +130,130 @@ def test_batched_resets_and_steps_answer_as_one_request_each_and_as_in_process(l
         service.batch, service.run = batch, run
         for env in remotes + locals_:
             env.close()
+
+
+# -- quick calls on the event loop -----------------------------------------------------------------
+def _play(url: str, seed: int) -> list:
+    """Every answer of a scripted game of three envs: batched resets and steps, single steps, calls."""
+    from envs.remote import RemoteEnv
+
+    rng = np.random.default_rng(seed)
+    remotes = [gym.make("freshper/Remote-v0", url=url).unwrapped for _ in range(3)]
+    out = []
+    try:
+        RemoteEnv.before_batch_reset(remotes, [seed, seed + 1, seed + 2])
+        out += [r.reset(seed=seed + k) for k, r in enumerate(remotes)]
+        for turn in range(12):
+            replies = [f"<answer>{rng.choice(['Left', 'Down', 'Right', 'Up'])}</answer>" for _ in remotes]
+            if turn % 2:
+                RemoteEnv.before_batch_step(remotes, replies)
+            for k, (remote, reply) in enumerate(zip(remotes, replies)):
+                step = remote.step(reply)
+                out.append(step)
+                if step[2] or step[3]:
+                    out.append(remote.reset(seed=100 * seed + turn * 3 + k))
+            out.append([remote.render_text() for remote in remotes])
+    finally:
+        for remote in remotes:
+            remote.close()
+    return out
+
+
+def test_quick_calls_are_answered_on_the_event_loop_exactly_as_in_the_pool(lake) -> None:
+    """FrozenLake declares its resets, steps and calls quick: the server answers them on its
+    event loop, and every answer equals the one a server answering in its pool gives."""
+    assert lake.server.service.quick == {"reset", "step", "call"}
+    before = lake.server.app.inline_answers
+    inline = _play(lake.url, 3)
+    assert lake.server.app.inline_answers - before >= 40
+    with Served(LAKE, inline=False) as pooled:
+        assert pooled.server.service.quick == frozenset()
+        assert _play(pooled.url, 3) == inline
+        assert pooled.server.app.inline_answers == 0
+    assert envs.task_class("freshper/FrozenLakeVision-v0").quick_calls == frozenset()
+
+
+def _health_seconds(url: str) -> float:
+    t0 = time.monotonic()
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    return time.monotonic() - t0
+
+
+def test_a_quick_call_on_a_session_another_request_holds_waits_in_the_pool_not_on_the_loop(lake) -> None:
+    """A step of a session held by another request is not waited for on the event loop: the
+    server goes on answering, and the step (alone, or the middle call of a batch) is answered
+    once the session is free, as in-process."""
+    from envs.remote import RemoteEnv
+
+    service = lake.server.service
+    remotes = [gym.make("freshper/Remote-v0", url=lake.url).unwrapped for _ in range(3)]
+    locals_ = [gym.make(LAKE).unwrapped for _ in range(3)]
+    try:
+        for k, (remote, local) in enumerate(zip(remotes, locals_)):
+            remote.reset(seed=k)
+            local.reset(seed=k)
+        for batched in (False, True):
+            held = service._sessions[remotes[1]._session].lock
+            held.acquire()
+            answers: dict[int, tuple] = {}
+            replies = ["<answer>Right</answer>", "<answer>Down</answer>", "<answer>Right</answer>"]
+
+            def play() -> None:
+                if batched:
+                    RemoteEnv.before_batch_step(remotes, replies)
+                    for k, remote in enumerate(remotes):
+                        answers[k] = remote.step(replies[k])
+                else:
+                    answers[1] = remotes[1].step(replies[1])
+
+            worker = threading.Thread(target=play)
+            worker.start()
+            try:
+                time.sleep(0.3)
+                assert not answers and worker.is_alive()  # the held session's step waits...
+                assert _health_seconds(lake.url) < 1.0  # ...and the server goes on answering
+            finally:
+                held.release()
+            worker.join(10)
+            assert not worker.is_alive()
+            for k in ((0, 1, 2) if batched else (1,)):
+                want = locals_[k].step(replies[k])
+                assert answers[k][0]["text"] == want[0]["text"] and answers[k][1:] == want[1:]
+    finally:
+        for env in remotes + locals_:
+            env.close()
+
+
+def test_a_quick_call_past_the_budget_sends_every_later_call_to_the_pool(caplog) -> None:
+    """A task that declares its steps quick but takes 0.3 s over one: the server notices, warns
+    and answers its calls in the pool from then on, so a second slow step no longer holds
+    ``/health`` up."""
+    from envs.frozenlake import FrozenLakeEnv
+
+    class SlowLake(FrozenLakeEnv):
+        def step(self, action):
+            if "slow" in action:
+                time.sleep(0.3)
+            return super().step(action)
+
+    envs.register("tests/SlowLake-v0", SlowLake, modality="text", override=True)
+    try:
+        with Served("tests/SlowLake-v0") as served:
+            assert served.server.service.quick == {"reset", "step", "call"}
+            env = gym.make("freshper/Remote-v0", url=served.url)
+            env.reset(seed=0)
+            with caplog.at_level("WARNING", logger="envs.serve"):
+                env.step("slow <answer>Right</answer>")
+            assert served.server.service.quick == frozenset()
+            assert any("from now on" in r.getMessage() for r in caplog.records)
+            worker = threading.Thread(target=env.step, args=("slow <answer>Down</answer>",))
+            worker.start()
+            time.sleep(0.05)
+            assert _health_seconds(served.url) < 0.2
+            worker.join(10)
+            env.close()
+    finally:
+        envs.unregister("tests/SlowLake-v0")
 
 
 # -- what a client controls ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def test_a_collect_sends_its_resets_as_one_request_and_plays_as_in_process(searc
         service = served.server.service
         resets: list[int] = []  # per /batch request, the resets it carried
         batch = service.batch
-        service.batch = lambda body: resets.append(sum(c.get("op") == "reset" for c in body["calls"])) or batch(body)
+        service.batch = lambda body, **kw: resets.append(sum(c.get("op") == "reset" for c in body["calls"])) or batch(body, **kw)
         try:
             remote = Runner(policy, "freshper/Remote-v0", group_size=3, max_new_tokens=8, seed=5,
                             env_kwargs={"url": served.url})
