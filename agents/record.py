@@ -29,9 +29,9 @@ import numpy as np
 
 from agents.safeio import open_nofollow, open_regular
 
-RECORD_FORMAT_VERSION = 2  # 2: per-sample advantages
-#: Versions this code reads (1 has no per-sample advantages).
-READABLE_VERSIONS = (1, 2)
+RECORD_FORMAT_VERSION = 3  # 2: per-sample advantages; 3: the KL reference's log-probs
+#: Versions this code reads (1 has no per-sample advantages, 1-2 no reference log-probs).
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass
@@ -56,6 +56,13 @@ class Sample:
     #: This sample's own advantage (turn-level credit, e.g. ``--advantage gigpo``); None: the
     #: trajectory's episode advantage applies to it.
     advantage: float | None = None
+    #: float32 [T]: the KL reference's log-probs of the sampled tokens (0 elsewhere), kept by the
+    #: learner the first time it scores the sample (a run's reference never changes, so a replay
+    #: update reads them instead of running the reference); None until then.
+    reference_logprobs: np.ndarray | None = None
+    #: What :attr:`reference_logprobs` were computed under (the learner's key: temperature and
+    #: precision); they are used only under the same key.
+    reference_key: str | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
@@ -67,6 +74,11 @@ class Sample:
                 f"sample arrays differ in length: token_ids {n}, loss_mask {len(self.loss_mask)}, "
                 f"behavior_logprobs {len(self.behavior_logprobs)}"
             )
+        if self.reference_logprobs is not None:
+            self.reference_logprobs = np.asarray(self.reference_logprobs, dtype=np.float32)
+            if len(self.reference_logprobs) != n or not isinstance(self.reference_key, str):
+                raise ValueError(f"reference_logprobs must have the sample's length ({n}) and a reference_key, got "
+                                 f"{len(self.reference_logprobs)} and {self.reference_key!r}")
 
     @property
     def num_sampled(self) -> int:
@@ -123,6 +135,9 @@ class Trajectory:
                 "behavior_logprobs": s.behavior_logprobs.astype(np.float64).tolist(),
                 "image_ids": list(s.image_ids),
                 "advantage": s.advantage,
+                **({} if s.reference_logprobs is None else
+                   {"reference_logprobs": s.reference_logprobs.astype(np.float64).tolist(),
+                    "reference_key": s.reference_key}),
             }
             for s in self.samples
         ]

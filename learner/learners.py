@@ -82,7 +82,7 @@ class UpdateStep:
             return policy_update(self.policy, self.reference(), state.optimizer, state.scheduler, trajs, weights, ages,
                                  loss_cfg=cfg.loss, temperature=cfg.rollout.temperature, micro_batch=cfg.rl.micro(),
                                  max_grad_norm=cfg.rl.max_grad_norm, on_policy=on_policy, skip_span=self.skip_span,
-                                 scaler=state.scaler, shard=shard, observe=observe)
+                                 scaler=state.scaler, shard=shard, observe=observe, keep_reference_logprobs=True)
 
 
 class LocalLearner:

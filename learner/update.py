@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from learner.batch import batch_logprobs, make_batches, supervised_batches
+from learner.batch import batch_logprobs, make_batches, pad_rows, supervised_batches
 from learner.loss import LossSettings, LossStats, grpo_loss
 
 
@@ -40,6 +40,31 @@ def reference_logprobs(ref, batch, temperature: float) -> torch.Tensor:
         return batch_logprobs(ref, batch, temperature)
 
 
+def reference_key(policy, temperature: float) -> str:
+    """What a sample's kept reference log-probs are tied to (:attr:`agents.record.Sample.reference_key`):
+    the sampling temperature and the compute precision. The reference itself is the run's own
+    and never changes within it."""
+    return f"temperature={float(temperature)!r};compute={str(policy.compute_dtype).removeprefix('torch.')}"
+
+
+def kept_reference(batch, key: str) -> torch.Tensor | None:
+    """``[B, T]`` reference log-probs the batch's samples keep under ``key``; None unless every
+    one keeps them."""
+    rows = [s.reference_logprobs for s in batch.samples]
+    if not rows or any(r is None for r in rows) or any(s.reference_key != key for s in batch.samples):
+        return None
+    return pad_rows(rows, batch.mask.shape[1]).to(batch.mask.device)
+
+
+def keep_reference(batch, ref_lp: torch.Tensor, key: str) -> None:
+    """Store each sample's reference log-probs (``ref_lp``'s row, on its sampled tokens)."""
+    rows = ref_lp.detach().float().cpu().numpy()
+    for b, sample in enumerate(batch.samples):
+        n = len(sample.token_ids)
+        sample.reference_logprobs = np.where(sample.loss_mask > 0, rows[b, :n], 0.0).astype(np.float32)
+        sample.reference_key = key
+
+
 def weights_finite(params) -> bool:
     """Whether every weight is finite, from one fused norm per tensor (a sharded tensor: its
     local shard, each rank checks its own)."""
@@ -59,7 +84,8 @@ def stepped(stats: dict[str, Any]) -> bool:
 def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: Sequence[float] | np.ndarray,
                   ages: Sequence[float] | np.ndarray, *, loss_cfg: LossSettings, temperature: float = 1.0,
                   micro_batch: int = 256, max_grad_norm: float = 1.0, on_policy: bool,
-                  skip_span: tuple[int, int] | None = None, scaler=None, shard=None, observe=None) -> dict[str, Any]:
+                  skip_span: tuple[int, int] | None = None, scaler=None, shard=None, observe=None,
+                  keep_reference_logprobs: bool = False) -> dict[str, Any]:
     """One optimizer step of the GRPO loss on ``trajs`` (every sampled token carries its
     sample's advantage and its trajectory's PER weight and age).
 
@@ -73,7 +99,10 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     rank's part of the batch and the reductions across ranks; None in one process.
     ``observe``: called as ``observe(batch, logp, behavior_logp)`` with each micro-batch's
     detached log-probs before the step (the replay log reads the replay-time IS ratios there);
-    it changes nothing.
+    it changes nothing. ``keep_reference_logprobs``: the samples keep the reference's log-probs
+    the first time they are scored (:attr:`agents.record.Sample.reference_logprobs`), and a later
+    update of them (a replay update) reads them instead of running the reference again; only for
+    a reference that never changes (a run's), and not in a sharded learner.
 
     Returns statistics; ``skipped`` is 1 and ``nonfinite`` names the culprit when the loss or
     gradient was not finite (then no step is taken and the gradients are cleared).
@@ -85,6 +114,8 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
     if not batches and shard is None:
         return {"skipped": 0.0, "tokens": 0.0}
     policy.model.train()
+    # a sharded learner's ranks must all run the reference, so only one process keeps it
+    key = reference_key(policy, temperature) if keep_reference_logprobs and shard is None else None
     stats, total_loss, gap, seq_tokens, finite = LossStats(), 0.0, 0.0, 0, True
     for batch in batches:
         batch = batch.to(policy.device)
@@ -95,7 +126,13 @@ def policy_update(policy, ref, optimizer, scheduler, trajs: Sequence, weights: S
             mu = logp.detach()
         if observe is not None:
             observe(batch, logp.detach(), mu)
-        ref_lp = reference_logprobs(ref, batch, temperature) if loss_cfg.kl_coef != 0.0 else None
+        ref_lp = None
+        if loss_cfg.kl_coef != 0.0:
+            ref_lp = kept_reference(batch, key) if key is not None else None
+            if ref_lp is None:
+                ref_lp = reference_logprobs(ref, batch, temperature)
+                if key is not None:
+                    keep_reference(batch, ref_lp, key)
         loss, st = grpo_loss(logp, mu, batch.mask, batch.advantages, batch.weights, loss_cfg, ref_lp, batch.ages,
                              num_tokens=batch.num_tokens)
         if not torch.isfinite(loss):

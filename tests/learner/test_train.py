@@ -14,6 +14,7 @@ import torch
 import yaml
 
 import learner.run
+import learner.update
 import train
 from agents.record import load_records
 from agents.rollout.runner import default_env_kwargs
@@ -238,6 +239,59 @@ def test_nonfinite_loss_skips_the_update(text_setup) -> None:
     assert stats["skipped"] == 1.0 and stats["nonfinite"] == "loss"
     for a, b in zip(before, policy.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_replay_update_reads_the_reference_log_probs_the_first_update_kept(text_setup) -> None:
+    """The first update of a record keeps the KL reference's log-probs on its samples; a later
+    update of it (a replay update) reads them instead of running the reference, with the same
+    loss and gradients; they survive the record's own serialisation (replay checkpoints) and are
+    not used under another temperature."""
+    import copy
+
+    from agents.record import Trajectory
+
+    policy, records = text_setup
+    ref = copy.deepcopy(policy)
+    ref.model.requires_grad_(False)
+    calls = []
+    real = learner.update.reference_logprobs
+    kept = copy.deepcopy(records)
+    fresh = copy.deepcopy(records)
+    for r in kept + fresh:
+        r.advantage = r.advantage or 0.5
+    n = len(records)
+    opt = torch.optim.SGD(policy.model.parameters(), lr=0.0)
+    cfg = LossSettings(kl_coef=0.5)
+
+    def update(recs, keep, temperature=1.0):
+        stats = policy_update(policy, ref, opt, None, recs, np.ones(n), np.ones(n), loss_cfg=cfg, on_policy=False,
+                              temperature=temperature, keep_reference_logprobs=keep)
+        return stats, [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+
+    learner.update.reference_logprobs = lambda *a: calls.append(1) or real(*a)
+    try:
+        update(kept, True)  # the first scoring keeps them
+        assert all(s.reference_logprobs is not None for r in kept for s in r.samples if s.num_sampled)
+        first = len(calls)
+        stats, grads = update(kept, True)
+        assert len(calls) == first  # the reference did not run again
+        want_stats, want_grads = update(fresh, False)
+        assert abs(stats["loss"] - want_stats["loss"]) < 1e-6 and abs(stats["kl"] - want_stats["kl"]) < 1e-6
+        for a, b in zip(grads, want_grads):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        update(kept, True, temperature=0.7)  # another key: the reference runs
+        assert len(calls) > first
+    finally:
+        learner.update.reference_logprobs = real
+    sample = next(s for r in kept for s in r.samples if s.num_sampled)
+    assert sample.reference_key.startswith("temperature=0.7;")
+    back = Trajectory.from_bytes(kept[0].to_bytes())
+    for a, b in zip(back.samples, kept[0].samples):
+        assert a.reference_key == b.reference_key
+        assert (a.reference_logprobs is None) == (b.reference_logprobs is None)
+        if a.reference_logprobs is not None:
+            assert np.array_equal(a.reference_logprobs, b.reference_logprobs)
+            assert np.all(a.reference_logprobs[a.loss_mask == 0] == 0)
 
 
 # -- whole runs ------------------------------------------------------------------------------------
