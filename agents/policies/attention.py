@@ -47,23 +47,28 @@ def short_attention(module, query, key, value, attention_mask, dropout: float = 
             or kwargs.get("output_attentions")):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    groups = heads // key.shape[1]
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        key = key[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, heads, k_len, dim)
-        value = value[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, heads, k_len, dim)
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if attention_mask is None and causal and q_len > 1:  # as sdpa's is_causal: queries align with the first keys
         key, value = key[:, :, :q_len], value[:, :, :q_len]
         attention_mask = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).tril()
     scale = scaling if scaling is not None else dim ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    # grouped-query attention: each key/value head serves `groups` query heads, which are folded
+    # into its rows ([B, H_kv, G x Q, D]), so keys and values are used as they are, never repeated
+    scores = torch.matmul(query.reshape(b, kv_heads, groups * q_len, dim), key.transpose(2, 3)) * scale
+    scores = scores.view(b, kv_heads, groups, q_len, -1)
     if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask[..., : key.shape[2]], torch.finfo(scores.dtype).min)
+        mask = attention_mask[..., : key.shape[2]]
+        mask = mask.unflatten(-3, (kv_heads, groups)) if mask.dim() == 4 and mask.shape[-3] == heads else \
+            mask.unsqueeze(-3)
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
-            scores = scores + attention_mask[..., : key.shape[2]]
+            scores = scores + mask
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+    out = torch.matmul(probs.view(b, kv_heads, groups * q_len, -1), value)
+    return out.view(b, heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 
 def _registered() -> bool:
