@@ -113,3 +113,57 @@ def test_long_replies_outgrow_the_cache_buffer_exactly(text_policy):
     gens = text_policy.generate(prompts, max_new_tokens=150)
     assert max(len(g.token_ids) for g in gens) > 130
     _check_logprobs(text_policy, prompts, gens)
+
+
+# -- drawing a token -----------------------------------------------------------------------------
+def test_a_small_vocabulary_draws_exactly_as_torch_multinomial():
+    """The embedded models' vocabularies keep ``torch.multinomial``, so their seeded runs draw
+    the tokens they always drew."""
+    from agents.policies.sampling import RACE_VOCAB, draw
+
+    logp = torch.log_softmax(torch.randn(16, RACE_VOCAB), -1)
+    torch.manual_seed(3)
+    want = torch.multinomial(logp.exp(), 1).squeeze(-1)
+    torch.manual_seed(3)
+    assert torch.equal(draw(logp), want)
+
+
+def test_a_real_vocabulary_draws_by_the_distribution_function_from_the_same_distribution():
+    """Over a vocabulary past the race's (the probability in 60 entries, 100 that cannot be
+    drawn): 50,000 draws match the probabilities (a chi-square far below its 0.1% critical
+    value), never a token of probability 0, and differ from multinomial's draws."""
+    from agents.policies.sampling import RACE_VOCAB, draw
+
+    vocab = RACE_VOCAB + 904
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.full((vocab,), -60.0)
+    live = torch.randperm(vocab, generator=gen)[:160]
+    logits[live[:60]] = torch.randn(60, generator=gen) * 2
+    logits[live[60:]] = float("-inf")
+    logp = torch.log_softmax(logits, -1)
+    torch.manual_seed(0)
+    toks = torch.cat([draw(logp.expand(5_000, -1)) for _ in range(10)])
+    assert not torch.isin(toks, live[60:]).any()
+    counts = torch.bincount(toks, minlength=vocab).double()
+    kept = live[:60]
+    expected = logp.exp().double()[kept] * len(toks)
+    chi2 = float(((counts[kept] - expected) ** 2 / expected).sum())
+    assert chi2 < 99.6, chi2  # the 0.999 quantile of chi-square with 59 degrees of freedom
+    assert counts.sum() == counts[kept].sum()  # the rest of the mass is ~1e-23
+    torch.manual_seed(0)
+    assert not torch.equal(draw(logp.expand(64, -1)), torch.multinomial(logp.exp().expand(64, -1), 1).squeeze(-1))
+
+
+def test_the_sampler_over_a_large_vocabulary_records_the_drawn_tokens_log_probs(eos_prone_policy, monkeypatch):
+    """With the distribution-function draw (forced here for the tiny vocabulary), the behaviour
+    log-probs still match a fresh forward and a seed still fixes the samples."""
+    import agents.policies.sampling as sampling
+
+    monkeypatch.setattr(sampling, "RACE_VOCAB", 0)
+    prompts = _prompts(eos_prone_policy) * 2
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        runs.append(eos_prone_policy.generate(prompts, max_new_tokens=8))
+    assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
+    _check_logprobs(eos_prone_policy, prompts, runs[0])
