@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settings", default="full,lora", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--start", default=None, help="the start model's folder (default: made by the recipe's warm-up)")
-    ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--work", default=None,
+                    help="folder for the runs, kept (default: a temporary one, removed at the end)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
     settings = [s for s in a.settings.split(",") if s]
@@ -98,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--settings: unknown {s!r} (known: {', '.join(SETTINGS)})")
     root = Path(a.work or tempfile.mkdtemp(prefix="freshper-iteration-bench-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    try:
+        return measure(a, settings, root)
+    finally:
+        if a.work is None:  # the runs' checkpoints take gigabytes: a temporary folder goes
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(a, settings: list[str], root: Path) -> int:
     print(f"load average before: {os.getloadavg()}", flush=True)
     start = Path(a.start).resolve() if a.start else start_model(root)
     trees = {"baseline": worktree(a.baseline), "this tree": worktree(a.current) if a.current else REPO}
