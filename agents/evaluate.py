@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         model = str(build_tiny_model(spec.modality))
     try:
         policy = Policy.from_pretrained(model, device=args.device, dtype=args.dtype)
+        if args.threads is None:  # the default depends on the model's size (a real model samples on every core)
+            configure_threads(parameters=policy.num_parameters)
         if args.system_prompt is not None:
             policy.set_system_prompt(args.system_prompt)
     except (OSError, ValueError, ImportError, RuntimeError) as exc:

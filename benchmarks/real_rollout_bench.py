@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/real_rollout_bench.py [--model smollm2-135m-instruct] [--batch 64]
         [--new-tokens 32] [--repeats 3] [--dtypes float32,bfloat16] [--vllm | --no-vllm]
 
-The prompts are ``--batch`` Arithmetic problems rendered by the model's own chat template;
+The project's sampler also takes its turn drawing with ``torch.multinomial`` (``multinomial
+draw``), as it did over every vocabulary before the distribution-function draw
+(:func:`agents.policies.sampling.draw`). The prompts are ``--batch`` Arithmetic problems rendered by the model's own chat template;
 every row samples up to ``--new-tokens`` tokens per prompt at temperature 1 with the full
 vocabulary (no top-k/top-p), ending at the model's EOS, with the behaviour log-probs a trainer
 needs. Tokens/s is sampled tokens (up to and including EOS) over wall seconds, the median of
@@ -45,6 +47,18 @@ def prompts(policy: Policy, n: int) -> list[list[int]]:
 def run_sampler(policy: Policy, ids: list[list[int]], new_tokens: int) -> int:
     gens = policy.generate(ids, max_new_tokens=new_tokens, temperature=1.0)
     return sum(len(g.token_ids) for g in gens)
+
+
+def run_sampler_race(policy: Policy, ids: list[list[int]], new_tokens: int) -> int:
+    """The project's sampler drawing every token with ``torch.multinomial`` (its draw over
+    small vocabularies, and over every vocabulary before the distribution-function draw)."""
+    from agents.policies import sampling
+
+    saved, sampling.RACE_VOCAB = sampling.RACE_VOCAB, 1 << 62
+    try:
+        return run_sampler(policy, ids, new_tokens)
+    finally:
+        sampling.RACE_VOCAB = saved
 
 
 def run_generate(policy: Policy, ids: list[list[int]], new_tokens: int) -> int:
@@ -88,7 +102,8 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         policy = Policy.from_pretrained(args.model, dtype=dtype)
         ids = prompts(policy, args.batch)
-        paths = [("freshper sampler", run_sampler), ("HF generate", run_generate)]
+        paths = [("freshper sampler", run_sampler), ("freshper sampler, multinomial draw", run_sampler_race),
+                 ("HF generate", run_generate)]
         engine = None
         if args.vllm:
             from agents.engines.vllm_client import VLLMSampler

@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         from agents.policies.tiny import build_tiny_model
 
         path = str(build_tiny_model(args.tiny))
-    server = ChatServer((args.host, args.port), ChatModel(Policy.from_pretrained(path), args.name or str(path)))
+    policy = Policy.from_pretrained(path)
+    if args.threads is None:  # the default depends on the model's size (a real model samples on every core)
+        configure_threads(parameters=policy.num_parameters)
+    server = ChatServer((args.host, args.port), ChatModel(policy, args.name or str(path)))
     print(f"serving {server.model.name} at {server.url}/chat/completions", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
