@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from experiments.real_model.update_setup import arithmetic_update  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,23 +51,10 @@ def main() -> None:
     from transformers import AttentionInterface
 
     import agents.policies.attention as attention
-    from agents.policies.policy import Policy
-    from agents.rollout.runner import Runner
-    from learner.advantages import assign_group_advantages
     from learner.loss import LossSettings
-    from learner.state import fused_adam
     from learner.update import policy_update
 
-    torch.set_num_threads(a.threads)
-    print(f"load average before: {os.getloadavg()}")
-    policy = Policy.from_pretrained(a.model, dtype="float32", compute_dtype="bfloat16")
-    ref = Policy.from_pretrained(a.model, dtype="bfloat16", compute_dtype="bfloat16")
-    ref.model.requires_grad_(False)
-    records, _ = Runner(policy, "freshper/Arithmetic-v0", group_size=8, max_new_tokens=16, seed=1).collect(
-        list(range(1000, 1008)), policy_version=0)
-    assign_group_advantages(records)
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=0.0, fused=fused_adam(params) or None)
+    policy, ref, records, opt = arithmetic_update(a.model, a.threads)
     impls = {a.old: old_attention(a.old), "this tree": attention.short_attention}
 
     def update(recs: list) -> float:
