@@ -500,20 +500,15 @@ class TaskService:
             return {"result": encode_image(result)}
         return {"result": result}
 
-    def batch_calls(self, body: dict[str, Any]) -> list:
-        """The calls of a ``/batch`` body, or a :class:`ServeError` saying why not."""
+    def batch(self, body: dict[str, Any], *, blocking: bool = True, done: list | None = None) -> dict[str, Any]:
+        """The answers of a ``/batch`` body's calls, in order. ``done``: the answers of its first
+        calls, already made (the rest are made now); with ``blocking=False`` a session another
+        request holds stops the batch with a :class:`Busy` holding the answers so far."""
         calls = body.get("calls")
         if not isinstance(calls, list):
             raise ServeError(400, "'calls' must be a list of {session, op, ...} objects")
         if len(calls) > self.limits.max_sessions:
             raise ServeError(400, f"a batch holds at most {self.limits.max_sessions} calls (max_sessions), got {len(calls)}")
-        return calls
-
-    def batch(self, body: dict[str, Any], *, blocking: bool = True, done: list | None = None) -> dict[str, Any]:
-        """The answers of a ``/batch`` body's calls, in order. ``done``: the answers of its first
-        calls, already made (the rest are made now); with ``blocking=False`` a session another
-        request holds stops the batch with a :class:`Busy` holding the answers so far."""
-        calls = self.batch_calls(body)
         results = [] if done is None else done
         for call in calls[len(results):]:
             try:
@@ -637,30 +632,23 @@ class TaskApp:
         if method != "POST" or len(raw) > INLINE_BYTES:
             return None
         parts = [p for p in path.split("/") if p]
-        if parts == ["batch"]:
-            op = None
-        elif len(parts) == 3 and parts[0] == "sessions" and parts[2] in service.quick:
-            op = parts[2]
-        else:
+        batch = parts == ["batch"]
+        if not batch and not (len(parts) == 3 and parts[0] == "sessions" and parts[2] in service.quick):
             return None
         start = time.perf_counter()
         try:
             body = _parse_body(raw)
-            if op is None:
-                calls = service.batch_calls(body)
-                if not all(type(c) is dict and type(c.get("op")) is str and c["op"] in service.quick for c in calls):
-                    return _Later(body)
-                out = service.batch(body, blocking=False)
-            else:
-                out = service.run(parts[1], op, body, blocking=False)
-            answer = 200, _encode(out)
+        except ServeError:
+            body = None  # answered below: answer() decodes it again and says why
+        if batch and body is not None:
+            calls = body.get("calls")
+            if isinstance(calls, list) and not all(type(c) is dict and type(c.get("op")) is str
+                                                   and c["op"] in service.quick for c in calls):
+                return _Later(body)
+        try:
+            answer = self.answer(method, path, raw, body, blocking=False)
         except Busy as busy:  # another request holds a session: the pool waits for it
             return _Later(body, busy.done)
-        except ServeError as err:
-            answer = err.status, _encode({"error": str(err)})
-        except Exception as err:  # a task's bug must not kill the server; the client sees a 500
-            logger.exception("request failed")
-            answer = 500, _encode({"error": _clip(f"internal error: {type(err).__name__}: {err}", 500)})
         self.inline_answers += 1
         took = time.perf_counter() - start
         if took > INLINE_BUDGET and service.quick:
@@ -670,9 +658,11 @@ class TaskApp:
         return answer
 
     def answer(self, method: str, path: str, raw: bytes, body: dict[str, Any] | None = None,
-               done: list | None = None) -> tuple[int, bytes]:
-        """``(status, JSON answer)`` of one request whose body has arrived (in a pool thread);
-        ``body``: already decoded; ``done``: a batch's answers so far."""
+               done: list | None = None, *, blocking: bool = True) -> tuple[int, bytes]:
+        """``(status, JSON answer)`` of one request whose body has arrived (in a pool thread, or
+        on the event loop with ``blocking=False``: a :class:`Busy` then, instead of waiting for a
+        session another request holds); ``body``: already decoded; ``done``: a batch's answers
+        so far."""
         service = self.service
         try:
             if body is None:
@@ -683,15 +673,17 @@ class TaskApp:
             elif method == "POST" and parts == ["sessions"]:
                 out = service.open(body)
             elif method == "POST" and parts == ["batch"]:
-                out = service.batch(body, done=done)
+                out = service.batch(body, blocking=blocking, done=done)
             elif method == "POST" and len(parts) == 3 and parts[0] == "sessions" and parts[2] in ("reset", "step", "call"):
-                out = service.run(parts[1], parts[2], body)
+                out = service.run(parts[1], parts[2], body, blocking=blocking)
             elif method == "DELETE" and len(parts) == 2 and parts[0] == "sessions":
                 out = service.close(parts[1])
             else:
                 raise ServeError(404, f"unknown endpoint {_clip(method, 10)} {_clip(repr(path))}; see "
                                       "`python -m envs.serve --help`")
             return 200, _encode(out)
+        except Busy:
+            raise
         except ServeError as err:
             return err.status, _encode({"error": str(err)})
         except Exception as err:  # a task's bug must not kill the server; the client sees a 500
