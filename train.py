@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from learner import distributed
     from learner.build import serve_rank
     from learner.checkpoint import CheckpointError, DiskFullError, disk_full
-    from learner.config import parse_config
+    from learner.config import parse_config, precision_warning
     from learner.run import NonFiniteError, train
     from envs.registry import UnknownTaskError
 
@@ -45,9 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, CheckpointError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    warning = silent_pretraining(cfg)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+    for warning in (silent_pretraining(cfg), precision_warning(cfg)):
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # process-wide: restored on return
     sharded = distributed.is_distributed()

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", default=None, help="folder for records.jsonl (+ GIFs for image tasks)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="torch device of the model: cpu, cuda, cuda:N or auto")
-    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32 (auto: bf16 on a GPU, fp32 on the CPU)")
+    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32 (auto: bf16 on a GPU; on the CPU bf16 for a model of 50M+ parameters where the CPU has bf16 units, else fp32)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     configure_threads(args.threads)

@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="sample replies (default: greedy)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="the model's reply length limit, in tokens")
     parser.add_argument("--device", default="cpu", help="torch device of the model: cpu, cuda, cuda:N or auto")
-    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32 (auto: bf16 on a GPU, fp32 on the CPU)")
+    parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32 (auto: bf16 on a GPU; on the CPU bf16 for a model of 50M+ parameters where the CPU has bf16 units, else fp32)")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")

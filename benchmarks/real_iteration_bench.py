@@ -2,15 +2,17 @@
 beside another revision of the project, on the same machine, start model and settings.
 
     .venv/bin/python -m benchmarks.real_iteration_bench --baseline 2d3233e [--iterations 4] [--repeats 2]
-        [--settings full,lora] [--start FOLDER] [--json out.json]
+        [--settings full,lora] [--dtype bf16] [--current-dtype auto] [--start FOLDER] [--json out.json]
 
 The start model is the recipe's start of RL (``configs/real_arithmetic.yaml``: SmolLM2-135M-Instruct
 after its own-answer format warm-up): ``--start`` names its folder, or this tree's ``train.py``
 makes it once (the warm-up is cached) and its ``reference/`` folder is taken. Each arm then runs
 ``train.py`` from its own tree (the baseline revision checked out with ``git worktree`` under the
 system's temporary folder) with the recipe's RL settings given as flags both revisions know
-(``--model START --pretrain-steps 0``, 8 problems x 8 samples, 16-token replies, bf16 compute,
-FreshPER with two replay updates of 16, KL 0.04), for ``--iterations`` iterations; the arms take
+(``--model START --pretrain-steps 0``, 8 problems x 8 samples, 16-token replies, FreshPER with
+two replay updates of 16, KL 0.04) and ``--dtype`` (default bf16; ``--current-dtype`` gives this
+tree's arm another, such as ``auto``, what the recipe now says, against the baseline recipe's
+bf16), for ``--iterations`` iterations; the arms take
 turns ``--repeats`` times, so a change of the machine's load falls on both. Settings: ``full``
 (full fine-tuning, the recipe) and ``lora`` (``--lora-rank 8``).
 
@@ -37,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/real_arithmetic.yaml"
 #: The recipe's RL settings as flags every compared revision accepts.
-RL_FLAGS = ["--env-id", "freshper/Arithmetic-v0", "--dtype", "bf16", "--pretrain-steps", "0",
+RL_FLAGS = ["--env-id", "freshper/Arithmetic-v0", "--pretrain-steps", "0",
             "--tasks-per-iter", "8", "--group-size", "8", "--max-new-tokens", "16", "--lr", "1e-5",
             "--kl-coef", "0.04", "--replay", "fresh", "--replay-ratio", "2", "--replay-batch", "16",
             "--eval-every", "0", "--eval-episodes", "1", "--final-eval-episodes", "1", "--seed", "0"]
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None,
                     help="folder for the runs, kept (default: a temporary one, removed at the end)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--dtype", default="bf16", help="--dtype of both arms (auto|bf16|fp16|fp32)")
+    ap.add_argument("--current-dtype", default=None, help="--dtype of this tree's arm instead (default: --dtype)")
     a = ap.parse_args(argv)
     settings = [s for s in a.settings.split(",") if s]
     for s in settings:
@@ -116,14 +120,18 @@ def measure(a, settings: list[str], root: Path) -> int:
         for setting in settings:
             for arm, tree in trees.items():
                 name = f"{setting}_{'base' if arm == 'baseline' else 'new'}_r{rep}"
+                dtype = a.current_dtype if arm == "this tree" and a.current_dtype else a.dtype
                 rows.setdefault((setting, arm), []).extend(
-                    run_arm(tree, start, SETTINGS[setting], a.iterations, root, name))
+                    run_arm(tree, start, ["--dtype", dtype, *SETTINGS[setting]], a.iterations, root, name))
     print(f"load average after: {os.getloadavg()}")
-    result = {"baseline": a.baseline, "start": str(start), "iterations": a.iterations, "repeats": a.repeats, "rows": []}
-    print(f"\nSmolLM2-135M-Instruct, Arithmetic, 8 x 8 samples, 16-token replies, bf16, two replay updates of 16; "
+    dtypes = {"baseline": a.dtype, "this tree": a.current_dtype or a.dtype}
+    result = {"baseline": a.baseline, "start": str(start), "iterations": a.iterations, "repeats": a.repeats,
+              "dtypes": dtypes, "rows": []}
+    print(f"\nSmolLM2-135M-Instruct, Arithmetic, 8 x 8 samples, 16-token replies, --dtype {dtypes['baseline']} "
+          f"(baseline), {dtypes['this tree']} (this tree), two replay updates of 16; "
           f"baseline {a.baseline}; medians over {a.iterations - 1} iterations x {a.repeats} repeats")
-    print("| setting | tree | rollout s | update s | replay s | iteration s | tokens a batch | sampled | "
-          "iteration vs baseline |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| setting | tree | dtype | rollout s | update s | replay s | iteration s | tokens a batch | sampled | "
+          "iteration vs baseline |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for setting in settings:
         base_total = None
         for arm in trees:
@@ -133,9 +141,9 @@ def measure(a, settings: list[str], root: Path) -> int:
             seq = statistics.median(r.get("seq_tokens", 0.0) for r in rs)
             sampled = statistics.median(r.get("tokens", 0.0) for r in rs)
             base_total = total if base_total is None else base_total
-            print(f"| {setting} | {arm} | {med['time_rollout_s']:.2f} | {med['time_update_s']:.2f} | "
+            print(f"| {setting} | {arm} | {dtypes[arm]} | {med['time_rollout_s']:.2f} | {med['time_update_s']:.2f} | "
                   f"{med['time_replay_s']:.2f} | {total:.2f} | {seq:.0f} | {sampled:.0f} | {base_total / total:.2f}x |")
-            result["rows"].append({"setting": setting, "tree": arm, **med, "iteration_s": total, "seq_tokens": seq,
+            result["rows"].append({"setting": setting, "tree": arm, "dtype": dtypes[arm], **med, "iteration_s": total, "seq_tokens": seq,
                                    "sampled_tokens": sampled, "speedup": base_total / total})
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))

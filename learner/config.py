@@ -121,7 +121,7 @@ class ModelSettings:
     device: str = "cpu"
     """torch device of the policy, its pretraining and its updates: cpu, cuda, cuda:N, or auto (CUDA where torch sees it)"""
     dtype: str = "auto"
-    """compute precision of the policy, its KL reference, the sampler and vLLM: auto (bf16 on a GPU that supports it, else fp16; fp32 on the CPU), bf16, fp16 or fp32. Below fp32 the trained weights and Adam's state stay fp32 and forward passes run under autocast (mixed precision); log-probs are always fp32 (docs/scaling.md)"""
+    """compute precision of the policy, its KL reference, the sampler and vLLM: auto (bf16 on a GPU that supports it, else fp16; on the CPU, bf16 for a --model of 50M+ parameters where the CPU has bf16 units, AVX512-BF16 or AMX, fp32 otherwise: elsewhere bf16 is emulated, 3-6x slower than fp32), bf16, fp16 or fp32. Below fp32 the trained weights and Adam's state stay fp32 and forward passes run under autocast (mixed precision); log-probs are always fp32 (docs/scaling.md)"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations in the backward pass: activation memory of one layer instead of all, for ~1/3 more compute; the learner then scores each sequence in one forward without the shared-prefix KV cache (docs/scaling.md)"""
     threads: int | None = None
@@ -556,7 +556,25 @@ def policy_spec(cfg: Config) -> PolicySpec:
     ``--lora-*`` adapters. A ValueError where this machine cannot run it."""
     from agents.policies.policy import resolve_device
 
-    return PolicySpec.resolve(cfg.model.dtype, resolve_device(cfg.model.device), cfg.lora)
+    parameters = None
+    if str(cfg.model.dtype).lower() == "auto" and cfg.model.model is not None:
+        from agents.pretrained import model_parameters
+
+        parameters = model_parameters(cfg.model.model)
+    return PolicySpec.resolve(cfg.model.dtype, resolve_device(cfg.model.device), cfg.lora, parameters)
+
+
+def precision_warning(cfg: Config) -> str | None:
+    """A warning where the run's precision is bf16 on a CPU that emulates it (then several times
+    slower than fp32), else None."""
+    from agents.policies.policy import resolve_device
+    from agents.policies.precision import EMULATED_BF16, emulated_bf16
+
+    try:
+        spec = policy_spec(cfg)
+    except ValueError:
+        return None  # the run refuses it with its own error
+    return EMULATED_BF16 if emulated_bf16(spec.compute_dtype, resolve_device(cfg.model.device)) else None
 
 
 def check_machine(cfg: Config) -> None:

@@ -215,7 +215,7 @@ class Policy:
         LoRA run's checkpoints do) loads its base model and the adapters on it.
 
         ``dtype`` is the weights' dtype (a ``--dtype`` name or a torch dtype; ``auto`` is decided
-        for ``device``), ``compute_dtype`` the one forward passes run in (default: ``dtype``):
+        for ``device`` and the model's size), ``compute_dtype`` the one forward passes run in (default: ``dtype``):
         a trained policy keeps fp32 weights and computes in bf16 under autocast.
         """
         from agents.pretrained import resolve_model
@@ -223,8 +223,13 @@ class Policy:
 
         path = resolve_model(path)
         device = resolve_device(device)
-        dtype = resolve_dtype(dtype, device)
-        compute_dtype = dtype if compute_dtype is None else resolve_dtype(compute_dtype, device)
+        parameters = None
+        if any(isinstance(d, str) and d.lower() == "auto" for d in (dtype, compute_dtype)):
+            from agents.pretrained import model_parameters
+
+            parameters = model_parameters(path)
+        dtype = resolve_dtype(dtype, device, parameters)
+        compute_dtype = dtype if compute_dtype is None else resolve_dtype(compute_dtype, device, parameters)
         adapter = Path(str(path)) / "adapter_config.json"
         if adapter.is_file():
             from agents.policies.lora import load_adapter_policy

@@ -1,7 +1,11 @@
 """Numeric precision: the ``--dtype`` names, what ``auto`` means on a device, and autocast.
 
 ``--dtype`` names the precision the model computes in (``fp32``, ``bf16``, ``fp16``, or ``auto``:
-bf16 on a CUDA device that supports it, fp16 on one that does not, fp32 on the CPU). A trained
+bf16 on a CUDA device that supports it, fp16 on one that does not; on the CPU, bf16 for a model of
+:data:`AUTO_BF16_PARAMETERS` or more parameters where the CPU multiplies bf16 in hardware
+(:func:`cpu_bf16_native`), fp32 otherwise). Without AVX512-BF16 or AMX a bf16 matrix product is
+emulated and runs several times slower than fp32 (``benchmarks/precision_bench.py``); small
+models gain nothing from bf16 and keep fp32, bit for bit as before. A trained
 policy keeps its weights and Adam's state in fp32 and computes under ``torch.autocast`` (mixed
 precision, the recipe TRL/accelerate and FSDP2's mixed-precision policy use); a model that only
 samples or scores (the KL reference, evaluation, play, the viewer) is loaded in the compute dtype
@@ -23,9 +27,37 @@ DTYPES: dict[str, torch.dtype] = {
 }
 CHOICES = ("auto", "bf16", "fp16", "fp32")
 
+#: ``auto`` computes a model of at least this many parameters in bf16 on a CPU with bf16 units.
+AUTO_BF16_PARAMETERS = 50_000_000
 
-def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
-    """The torch dtype a ``--dtype`` setting names on ``device`` (``auto`` decided here)."""
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX tiles, as torch's
+    own CPU probe reports them); False where the probe is missing."""
+    import torch.cpu
+
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        check = getattr(torch.cpu, probe, None)
+        try:
+            if check is not None and check():
+                return True
+        except (RuntimeError, AttributeError):
+            continue
+    return False
+
+
+def emulated_bf16(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether computing in ``dtype`` on ``device`` means bf16 on a CPU without bf16 units."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_bf16_native()
+
+
+EMULATED_BF16 = ("bf16 compute on this CPU is emulated (it has neither AVX512-BF16 nor AMX): matrix products run "
+                 "3-6x slower than in fp32 (benchmarks/precision_bench.py); --dtype auto picks fp32 here")
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu", parameters: int | None = None) -> torch.dtype:
+    """The torch dtype a ``--dtype`` setting names on ``device`` (``auto`` decided here, for a
+    model of ``parameters`` parameters on the CPU; None: not known, fp32)."""
     if isinstance(name, torch.dtype):
         return name
     key = str(name).lower()
@@ -33,7 +65,8 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu") -
     if key == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        large = parameters is not None and parameters >= AUTO_BF16_PARAMETERS
+        return torch.bfloat16 if large and device.type == "cpu" and cpu_bf16_native() else torch.float32
     if key not in DTYPES:
         raise ValueError(f"--dtype must be one of {'|'.join(CHOICES)}, got {name!r}")
     return DTYPES[key]

@@ -35,9 +35,11 @@ class PolicySpec:
             object.__setattr__(self, "lora", None)  # rank 0: no adapters
 
     @classmethod
-    def resolve(cls, dtype: str | torch.dtype, device: torch.device | str, lora: LoraSettings | None = None) -> PolicySpec:
-        """The spec of ``--dtype`` on ``device`` (``auto`` decided there) with ``lora``'s adapters."""
-        return cls(resolve_dtype(dtype, device), lora)
+    def resolve(cls, dtype: str | torch.dtype, device: torch.device | str, lora: LoraSettings | None = None,
+                parameters: int | None = None) -> PolicySpec:
+        """The spec of ``--dtype`` on ``device`` (``auto`` decided there, for a model of
+        ``parameters`` parameters) with ``lora``'s adapters."""
+        return cls(resolve_dtype(dtype, device, parameters), lora)
 
     @property
     def lora_rank(self) -> int:

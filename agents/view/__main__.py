@@ -23,7 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for play (default: agents.policies.policy's)")
     parser.add_argument("--device", default="cpu", help="torch device play loads models on: cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32: the precision play loads models in "
-                                                       "(auto: bf16 on a GPU that supports it, fp32 on the CPU)")
+                                                       "(auto: bf16 on a GPU that supports it; on the CPU bf16 for a model of 50M+ "
+                                                       "parameters where the CPU has bf16 units, else fp32)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="the model's reply length limit in play, in tokens")
     add_import_flag(parser)
     args = parser.parse_args(argv)
