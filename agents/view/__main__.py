@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loopback = is_loopback(args.host)
         hosts = [*LOOPBACK_HOSTS, args.host.strip("[]"), f"[{args.host.strip('[]')}]"] if loopback else ["*"]
         app = create_app(args.runs, args.play_dir, allowed_hosts=hosts, device=device, dtype=args.dtype,
-                         max_new_tokens=args.max_new_tokens)
+                         max_new_tokens=args.max_new_tokens, threads=args.threads)
     except ViewError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

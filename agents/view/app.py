@@ -84,7 +84,7 @@ class Viewer:
     """The app's state: the folder it serves, where played episodes are saved, the play sessions."""
 
     def __init__(self, root: Path, play_dir: Path | None = None, device: str = "cpu", dtype: str = "auto",
-                 max_new_tokens: int = 32) -> None:
+                 max_new_tokens: int = 32, threads: int | None = None) -> None:
         root = Path(root).expanduser().resolve()
         if not root.is_dir():
             raise ViewError(f"{root} is not a folder")
@@ -94,7 +94,7 @@ class Viewer:
             self.only, root = root.name, root.parent
         self.root = root
         self.play_dir = Path(play_dir).expanduser().resolve() if play_dir else (root / "play")
-        self.sessions = Sessions(device=device, dtype=dtype, max_new_tokens=max_new_tokens)
+        self.sessions = Sessions(device=device, dtype=dtype, max_new_tokens=max_new_tokens, threads=threads)
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                                       autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined)
         self.env.filters["fmt"] = _fmt
@@ -534,16 +534,17 @@ class SameOriginPosts:
 
 def create_app(root: str | Path, play_dir: str | Path | None = None,
                allowed_hosts: list[str] | None = None, device: str = "cpu", dtype: str = "auto",
-               max_new_tokens: int = 32) -> Starlette:
+               max_new_tokens: int = 32, threads: int | None = None) -> Starlette:
     """The viewer app serving the run folders under ``root``; played episodes are saved to
     ``play_dir`` (default ``root/play``). ``allowed_hosts`` are the Host names it answers to
     (default: the loopback names; ``["*"]`` for any). Play loads models on ``device`` in
-    ``dtype`` (``--device``/``--dtype``) with replies of at most ``max_new_tokens`` tokens."""
+    ``dtype`` (``--device``/``--dtype``) with replies of at most ``max_new_tokens`` tokens, on
+    ``threads`` torch threads (``--threads``; None: the default for the largest model loaded)."""
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
 
     viewer = Viewer(Path(root), Path(play_dir) if play_dir else None, device=device, dtype=dtype,
-                    max_new_tokens=max_new_tokens)
+                    max_new_tokens=max_new_tokens, threads=threads)
 
     async def view_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ViewError)

@@ -90,12 +90,14 @@ def check_play_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 class PolicyCache:
     """Loaded policies by model folder (a few, least recently used dropped), so sessions on
     the same checkpoint share one copy; loading checks a checkpoint against its manifest.
-    Models load on ``device`` in ``dtype`` (a ``--dtype`` name: auto is bf16 on a GPU that
-    supports it, fp32 on the CPU; :mod:`agents.policies.precision`)."""
+    Models load on ``device`` in ``dtype`` (a ``--dtype`` name; :mod:`agents.policies.precision`).
+    ``threads``: torch's threads as given (``--threads``); None: after each load, the default for
+    the largest model loaded (:func:`agents.policies.policy.configure_threads`: one thread for a
+    small model on a 2-CPU machine, every CPU for a real one)."""
 
-    def __init__(self, size: int = 2, device: str = "cpu", dtype: str = "auto") -> None:
+    def __init__(self, size: int = 2, device: str = "cpu", dtype: str = "auto", threads: int | None = None) -> None:
         self.size = size
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.threads = device, dtype, threads
         self._items: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -140,6 +142,10 @@ class PolicyCache:
             self._items[path] = (policy, threading.Lock())
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
+            if self.threads is None:
+                from agents.policies.policy import configure_threads
+
+                configure_threads(parameters=max(p.num_parameters for p, _ in self._items.values()))
             return policy, label, self._items[path][1]
 
 
@@ -289,11 +295,12 @@ def _frame(env: Any) -> np.ndarray | None:
 class Sessions:
     """Play sessions by id (the oldest dropped beyond ``limit``)."""
 
-    def __init__(self, limit: int = 16, device: str = "cpu", dtype: str = "auto", max_new_tokens: int = 32) -> None:
+    def __init__(self, limit: int = 16, device: str = "cpu", dtype: str = "auto", max_new_tokens: int = 32,
+                 threads: int | None = None) -> None:
         self.limit = limit
         self._items: OrderedDict[str, PlaySession] = OrderedDict()
         self._lock = threading.Lock()
-        self.policies = PolicyCache(device=device, dtype=dtype)
+        self.policies = PolicyCache(device=device, dtype=dtype, threads=threads)
         self.max_new_tokens = int(max_new_tokens)  # the model's reply cap (``--max-new-tokens``)
 
     def start(self, env_id: str, seed: int, model: str, *, greedy: bool = True,

@@ -364,3 +364,25 @@ def test_a_play_link_to_a_task_the_viewer_lacks_says_so(server: ViewServer) -> N
     page = _get(server, "/play?env_id=mypkg/NotHere-v0", status=404)
     assert "unknown task" in page and "mypkg/NotHere-v0" in page and "--import" in page
     assert "unknown task" not in _get(server, f"/play?env_id={TEXT}")
+
+
+def test_play_sets_threads_for_the_largest_model_loaded_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import agents.policies.policy as policy_module
+    from agents.view.sessions import TINY, Sessions
+
+    cpus = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cpus + 3)
+        Sessions().start(TEXT, 0, TINY)  # a tiny model: the small-model default
+        assert torch.get_num_threads() == policy_module.configure_threads()
+        monkeypatch.setattr(policy_module, "LARGE_MODEL_PARAMETERS", 1)  # as if the model were a real one
+        Sessions().start(TEXT, 0, TINY)
+        assert torch.get_num_threads() == policy_module.configure_threads(parameters=1)
+        torch.set_num_threads(3)
+        Sessions(threads=3).start(TEXT, 0, TINY)  # --threads given: left as it is
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
