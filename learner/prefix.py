@@ -20,7 +20,8 @@ an approximation.
 Under gradient checkpointing a KV cache cannot be used (a recomputed layer would write it
 twice), so the learner takes the packed passes of :mod:`learner.packed` instead: the same sharing
 (header once, each distinct prompt once, the replies after it) in one plain forward per pack,
-with a tree-shaped 4-D attention mask. Where those do not apply (VLMs other than the Qwen2-VL
+with a tree-shaped 4-D attention mask. A large text model on the CPU takes them too where the
+cached passes would run many padding tokens (:func:`packing_pays`). Where those do not apply (VLMs other than the Qwen2-VL
 family, attention implementations without custom masks, the sharded learner) it takes
 :func:`full_logprobs`: one forward per sequence, with only the scored positions through the LM
 head.
@@ -47,6 +48,10 @@ from learner.prompts import group_prompts, prompt_lengths, vision_applies
 
 #: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
+#: A text model of at least this many parameters on the CPU is scored by packed passes where
+#: they run at most :data:`PACKED_TOKEN_RATIO` of the cached passes' tokens (:func:`packing_pays`).
+PACKED_PARAMETERS = 50_000_000
+PACKED_TOKEN_RATIO = 0.8
 
 
 def _select_rows(cache, rows: torch.Tensor) -> None:
@@ -71,7 +76,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
     if not samples:
         return policy.token_logprobs(samples, [], temperature=temperature)
     images = images if images is not None else [[] for _ in samples]
-    path = scoring_path(policy)
+    path = scoring_path(policy, samples)
     if path == "packed" and policy.is_vision:
         path = "packed" if vision_applies(policy, samples) else "full"
     if path == "full":
@@ -86,7 +91,7 @@ def sampled_logprobs(policy, samples: Sequence, images: Sequence | None = None, 
         return _text_logprobs(policy, samples, temperature)
 
 
-def scoring_path(policy) -> str:
+def scoring_path(policy, samples: Sequence | None = None) -> str:
     """How the learner scores a batch of ``policy``: ``prefix`` (the KV-cached shared-prefix
     passes of this module), ``packed`` (:mod:`learner.packed`: the same sharing without a
     cache) or ``full`` (:func:`full_logprobs`, each sequence whole).
@@ -95,12 +100,43 @@ def scoring_path(policy) -> str:
     layer that is recomputed in the backward pass would be written twice) and always in a
     sharded learner (every rank must make the same number of model calls, so it takes ``full``);
     without the cache a model whose attention takes a 4-D mask is packed (a vision batch whose
-    replies hold images takes ``full``: :func:`learner.prompts.vision_applies`)."""
+    replies hold images takes ``full``: :func:`learner.prompts.vision_applies`).
+
+    With ``samples``, a text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU
+    whose cached passes would run many padding tokens is packed too (:func:`packing_pays`)."""
     if getattr(policy, "sharded", False):
         return "full"
     if policy.gradient_checkpointing and policy.model.training:
         return "packed" if packed.applies(policy) else "full"
+    if samples is not None and packing_pays(policy, samples):
+        return "packed"
     return "prefix"
+
+
+def packing_pays(policy, samples: Sequence) -> bool:
+    """Whether packed passes score ``samples`` of ``policy`` for less than the cached ones: a
+    text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU, whose attention
+    takes a 4-D mask, and a batch where a pack would run at most :data:`PACKED_TOKEN_RATIO` of
+    the tokens the cached passes run. The cached passes run every distinct prompt right-padded
+    to the longest and every reply padded to the longest, so one later turn's prompt in a batch
+    of first turns makes them run each prompt at its length; a pack runs each distinct token
+    once. A large model's cost is its matrix products per token, so the token counts decide;
+    where they are close the cached passes stay (a pack's dense attention over its length costs
+    more on long multi-turn samples), and small models keep them always
+    (docs/results/real_model.md#the-scoring-path)."""
+    if policy.is_vision or policy.device.type != "cpu" or policy.num_parameters < PACKED_PARAMETERS \
+            or not packed.applies(policy):
+        return False
+    ids = [np.asarray(s.token_ids) for s in samples]
+    plen = prompt_lengths(samples)
+    unique, _ = group_prompts(ids, plen)
+    ulen = [len(u) for u in unique]
+    head = min(common_prefix_length(unique), min(ulen) - 1)
+    head = head if head >= MIN_PREFIX else 0
+    replies = [len(x) - p for x, p in zip(ids, plen)]
+    cached = head + len(unique) * (max(ulen) - head) + len(ids) * (max(replies) - 1)
+    in_pack = head + sum(n - head for n in ulen) + sum(r - 1 for r in replies)
+    return in_pack <= PACKED_TOKEN_RATIO * cached
 
 
 def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: float = 1.0) -> torch.Tensor:

@@ -246,3 +246,35 @@ def test_a_lora_update_with_its_kl_reference_packs_and_equals_the_kv_cached_path
     assert g_a.keys() == g_b.keys()
     for k in g_a:
         torch.testing.assert_close(g_b[k], g_a[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_a_large_model_on_the_cpu_packs_a_batch_the_cached_passes_would_pad(policy, monkeypatch) -> None:
+    """One later turn's long prompt among first turns makes the cached passes run every prompt at
+    its length: a large text model on the CPU takes a pack there, with the same values and
+    gradients; where the counts are close, and for small models, the cached passes stay."""
+    import learner.prefix as prefix
+
+    first_turns = _batch(policy, groups=3, group_size=3)
+    rng = np.random.default_rng(1)
+    history = np.concatenate([first_turns[0].token_ids, rng.integers(5, policy.model.config.vocab_size, 60)])
+    mixed = first_turns + [_sample(np.concatenate([history, [7, 8]]), 2)]
+    policy.model.train()
+    assert scoring_path(policy, mixed) == "prefix"  # a small model: always the cached passes
+    monkeypatch.setattr(prefix, "PACKED_PARAMETERS", 1)  # as if the tiny model were a real one
+    assert prefix.packing_pays(policy, mixed) and scoring_path(policy, mixed) == "packed"
+    close = _batch(policy, groups=1, group_size=3)  # one prompt, replies of 1-3 tokens: 19 tokens packed, 22 cached
+    assert not prefix.packing_pays(policy, close) and scoring_path(policy, close) == "prefix"
+    assert scoring_path(policy) == "prefix"  # no batch to count
+    full, g_full = _values_and_grads(policy, mixed, lambda s: policy.token_logprobs(s))
+    fast, g_fast = _values_and_grads(policy, mixed, lambda s: sampled_logprobs(policy, s))
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+    for a, b in zip(g_full, g_fast):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    policy.model.eval()
+    assert scoring_path(policy, mixed) == "packed"  # the KL reference scores the same way
+    with torch.no_grad():
+        torch.testing.assert_close(sampled_logprobs(policy, mixed) * (full != 0), full, rtol=0, atol=1e-5)
+    calls = []
+    monkeypatch.setattr(prefix.packed, "packed_logprobs", lambda *a, **kw: calls.append(1) or packed_logprobs(*a, **kw))
+    sampled_logprobs(policy, mixed)
+    assert calls  # the pack really ran
