@@ -139,7 +139,13 @@ class RemoteEnv(gym.Env):
                 time.sleep(delay)
                 delay *= 2
                 continue
-            payload = self._payload(where, status, raw)
+            try:
+                payload = loads_json(raw, what="the answer")
+            except AnswerError as exc:
+                raise RemoteEnvError(f"{where}: the server answered {status}; {exc}", status) from None
+            if not isinstance(payload, dict):
+                raise RemoteEnvError(f"{where}: the server answered {status} with {clip(payload)}, not a JSON object",
+                                     status)
             if status == 503 and attempt < self.retries:
                 time.sleep(delay)
                 delay *= 2
@@ -150,17 +156,6 @@ class RemoteEnv(gym.Env):
                                      status)
             return payload
         raise AssertionError("unreachable")
-
-    @staticmethod
-    def _payload(where: str, status: int, raw: bytes) -> dict[str, Any]:
-        """The answer's JSON object, or a :class:`RemoteEnvError` saying why not."""
-        try:
-            payload = loads_json(raw, what="the answer")
-        except AnswerError as exc:
-            raise RemoteEnvError(f"{where}: the server answered {status}; {exc}", status) from None
-        if not isinstance(payload, dict):
-            raise RemoteEnvError(f"{where}: the server answered {status} with {clip(payload)}, not a JSON object", status)
-        return payload
 
     def _open(self) -> None:
         info = self._request("POST", "/sessions", {"kwargs": self.task_kwargs}, retry_sent=True)
@@ -315,16 +310,10 @@ class RemoteEnv(gym.Env):
         for env, seed, answer in cls._batch(envs, seeds, "reset", "seed"):
             env._pending_reset = (seed, answer)
 
-    #: A turn of at least twice this many calls to one server goes as several ``/batch`` requests
-    #: (at most :attr:`BATCH_PARTS`), all sent before the first answer is read: the client decodes
-    #: one part's answer while the server works on the next (docs/performance_envs.md).
-    BATCH_PART_CALLS: ClassVar[int] = 16
-    BATCH_PARTS: ClassVar[int] = 4
-
     @staticmethod
     def _batch(envs: Sequence["RemoteEnv"], values: list[Any], op: str, key: str) -> list[tuple["RemoteEnv", Any, Any]]:
-        """``(env, value, answer)`` of the ``/batch`` requests of ``op`` to each server with at
-        least two of these envs; envs of a part whose request failed are left out (each asks alone)."""
+        """``(env, value, answer)`` of one ``/batch`` request of ``op`` per server with at least
+        two of these envs; envs of a server whose batch failed are left out (each asks alone)."""
         by_url: dict[str, list[tuple[RemoteEnv, Any]]] = {}
         for env, value in zip(envs, values):
             if not env._closed and env._session is not None:
@@ -333,56 +322,14 @@ class RemoteEnv(gym.Env):
         for members in by_url.values():
             if len(members) < 2:
                 continue
-            parts = max(1, min(RemoteEnv.BATCH_PARTS, len(members) // max(1, RemoteEnv.BATCH_PART_CALLS)))
-            if parts == 1:
-                calls = [{"session": env._session, "op": op, key: value} for env, value in members]
-                try:
-                    results = members[0][0]._request("POST", "/batch", {"calls": calls}).get("results")
-                except RemoteEnvError:
-                    continue  # each env asks on its own, and reports its own fault
-                out.extend(RemoteEnv._matched(members, results))
-                continue
-            size = -(-len(members) // parts)
-            out.extend(RemoteEnv._batch_parts([members[i:i + size] for i in range(0, len(members), size)], op, key))
-        return out
-
-    @staticmethod
-    def _matched(members: list[tuple["RemoteEnv", Any]], results: Any) -> list[tuple["RemoteEnv", Any, Any]]:
-        if not isinstance(results, list) or len(results) != len(members):
-            return []  # a malformed batch answer: each env asks on its own
-        return [(env, value, answer) for (env, value), answer in zip(members, results)]
-
-    @staticmethod
-    def _batch_parts(parts: list[list[tuple["RemoteEnv", Any]]], op: str, key: str) -> list[tuple["RemoteEnv", Any, Any]]:
-        """Each part as one ``/batch`` request on its first env's connection, every part sent
-        before any answer is read. A part whose request fails in any way (not sent, a timeout, a
-        status other than 200, a malformed answer) is left out: its envs ask alone, retried as
-        usual."""
-        sent: list = []
-        out = []
-        try:
-            for part in parts:
-                env = part[0][0]
-                body = json.dumps({"calls": [{"session": e._session, "op": op, key: v} for e, v in part]}).encode()
-                try:
-                    sent.append(env._conn.send("POST", "/batch", body, timeout=env.timeout, cap=env.max_response_bytes))
-                except (AnswerError, Unreachable, TooLate, Broken):
-                    sent.append(None)
-            for k, (part, pending) in enumerate(zip(parts, sent)):
-                if pending is None:
-                    continue
-                sent[k] = None
-                try:
-                    status, raw = pending.answer()
-                    payload = RemoteEnv._payload(f"POST {part[0][0].url}/batch", status, raw)
-                except (AnswerError, Unreachable, TooLate, Broken, RemoteEnvError):
-                    continue
-                if status == 200:
-                    out.extend(RemoteEnv._matched(part, payload.get("results")))
-        finally:
-            for pending in sent:  # an exception above: no answer left unread on a connection
-                if pending is not None:
-                    pending.abandon()
+            calls = [{"session": env._session, "op": op, key: value} for env, value in members]
+            try:
+                results = members[0][0]._request("POST", "/batch", {"calls": calls}).get("results")
+            except RemoteEnvError:
+                continue  # each env asks on its own, and reports its own fault
+            if not isinstance(results, list) or len(results) != len(members):
+                continue  # a malformed batch answer: each env asks on its own
+            out.extend((env, value, answer) for (env, value), answer in zip(members, results))
         return out
 
     def render(self) -> str | np.ndarray | None:

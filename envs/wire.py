@@ -476,13 +476,6 @@ class KeepAlive:
     def request(self, method: str, path: str, body: bytes | None = None, *, timeout: float, cap: int,
                 content_type: str = "application/json") -> tuple[int, bytes]:
         """``(status, decoded body)`` of one request (``path`` below the url's)."""
-        return self.send(method, path, body, timeout=timeout, cap=cap, content_type=content_type).answer()
-
-    def send(self, method: str, path: str, body: bytes | None = None, *, timeout: float, cap: int,
-             content_type: str = "application/json") -> "Pending":
-        """Send one request and return without waiting for its answer: :meth:`Pending.answer`
-        reads it (the same faults as :meth:`request`). The connection is the request's until its
-        answer is read or given up (:meth:`Pending.abandon`); another request on it waits."""
         import select
 
         end = time.monotonic() + float(timeout)
@@ -493,15 +486,14 @@ class KeepAlive:
             head.append(b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type.encode("ascii"), len(body)))
         head.append(b"\r\n")
         data = b"".join(head) + (body or b"")
-        self._lock.acquire()
-        try:
+        with self._lock:
             sock = self._sock
             if sock is not None and select.select([sock], [], [], 0)[0]:
                 self._drop()  # closed by the server while idle (or it sent what was not asked for)
                 sock = None
             if sock is None:
                 sock = self._sock = self._connect(end)
-            with self._faults():
+            try:
                 left = end - time.monotonic()
                 if left <= 0:
                     raise TooLate("the request's deadline passed")
@@ -510,60 +502,22 @@ class KeepAlive:
                     sock.sendall(data)
                 except (socket.timeout, TimeoutError):
                     raise TooLate("the request's deadline passed") from None
-        except BaseException:
-            self._lock.release()
-            raise
-        return Pending(self, sock, end, method, cap)
-
-    @contextlib.contextmanager
-    def _faults(self) -> Iterator[None]:
-        """Drop the connection on any fault; an OSError becomes :class:`Broken`."""
-        try:
-            yield
-        except (AnswerError, TooLate, Broken):
-            self._drop()
-            raise
-        except OSError as exc:
-            self._drop()
-            raise Broken(f"{type(exc).__name__}: {clip(str(exc))}") from None
-        except BaseException:
-            self._drop()
-            raise
-
-
-class Pending:
-    """A request sent on a :class:`KeepAlive` connection whose answer is not read yet."""
-
-    def __init__(self, conn: KeepAlive, sock: socket.socket, end: float, method: str, cap: int) -> None:
-        self._conn, self._sock, self._end, self._method, self._cap = conn, sock, end, method, cap
-        self._open = True
-
-    def _release(self) -> None:
-        if self._open:
-            self._open = False
-            self._conn._lock.release()
-
-    def answer(self) -> tuple[int, bytes]:
-        """``(status, decoded body)``: the whole answer, read within the request's timeout."""
-        if not self._open:
-            raise RuntimeError("this answer was read or abandoned already")
-        try:
-            with self._conn._faults():
-                answer = _Answer(self._sock, self._end, self._method)
-                if answer._mode == "length" and answer._left > self._cap:
-                    raise AnswerError(f"the answer is {answer._left} bytes, above the limit of {self._cap} bytes")
-                decoded = CappedBody(answer.headers.get("content-encoding"), self._cap, "the answer")
+                answer = _Answer(sock, end, method)
+                if answer._mode == "length" and answer._left > cap:
+                    raise AnswerError(f"the answer is {answer._left} bytes, above the limit of {cap} bytes")
+                decoded = CappedBody(answer.headers.get("content-encoding"), cap, "the answer")
                 for chunk in answer.chunks():
                     decoded.feed(chunk)
                 raw = decoded.finish()
                 if answer.will_close:
-                    self._conn._drop()
+                    self._drop()
                 return answer.status, raw
-        finally:
-            self._release()
-
-    def abandon(self) -> None:
-        """Give the answer up: the connection is closed (its answer would arrive unasked)."""
-        if self._open:
-            self._conn._drop()
-            self._release()
+            except (AnswerError, TooLate, Broken):
+                self._drop()
+                raise
+            except OSError as exc:
+                self._drop()
+                raise Broken(f"{type(exc).__name__}: {clip(str(exc))}") from None
+            except BaseException:
+                self._drop()
+                raise

@@ -132,64 +132,6 @@ def test_batched_resets_and_steps_answer_as_one_request_each_and_as_in_process(l
             env.close()
 
 
-
-def test_a_large_turn_goes_as_parts_all_sent_before_an_answer_is_read(lake, monkeypatch) -> None:
-    """A turn of many envs goes to the server as several ``/batch`` requests, every one sent
-    before the first answer is read, and each env reads its own answer; a part whose answer is
-    lost has its envs ask alone."""
-    from envs import wire
-    from envs.remote import RemoteEnv
-
-    monkeypatch.setattr(RemoteEnv, "BATCH_PART_CALLS", 2)
-    monkeypatch.setattr(RemoteEnv, "BATCH_PARTS", 3)
-    service = lake.server.service
-    remotes = [gym.make("freshper/Remote-v0", url=lake.url).unwrapped for _ in range(7)]
-    locals_ = [gym.make(LAKE).unwrapped for _ in range(7)]
-    events: list[str] = []
-    send, answer = wire.KeepAlive.send, wire.Pending.answer
-    monkeypatch.setattr(wire.KeepAlive, "send", lambda self, *a, **kw: events.append("send") or send(self, *a, **kw))
-    monkeypatch.setattr(wire.Pending, "answer", lambda self: events.append("answer") or answer(self))
-    counts = {"batch": 0, "run": 0}
-    batch, run = service.batch, service.run
-    monkeypatch.setattr(service, "batch", lambda body, **kw: counts.__setitem__("batch", counts["batch"] + 1) or
-                        batch(body, **kw))
-    monkeypatch.setattr(service, "run", lambda *a, **kw: counts.__setitem__("run", counts["run"] + 1) or run(*a, **kw))
-    try:
-        seeds = list(range(20, 27))
-        events.clear()
-        RemoteEnv.before_batch_reset(remotes, seeds)
-        assert events == ["send"] * 3 + ["answer"] * 3  # parts of 3, 3 and 1 calls
-        assert counts == {"batch": 3, "run": 7}
-        for remote, local, seed in zip(remotes, locals_, seeds):
-            assert remote.reset(seed=seed)[0]["text"] == local.reset(seed=seed)[0]["text"]
-        assert counts == {"batch": 3, "run": 7}  # every reset was read from its part
-        replies = ["<answer>Down</answer>", "<answer>Right</answer>", "nonsense", "<answer>Left</answer>"] * 2
-        RemoteEnv.before_batch_step(remotes, replies[:7])
-        for remote, local, reply in zip(remotes, locals_, replies):
-            r, l = remote.step(reply), local.step(reply)
-            assert r[0]["text"] == l[0]["text"] and r[1:] == l[1:]
-        assert counts == {"batch": 6, "run": 14}
-
-        lost = {"n": 0}
-
-        def drop_the_second(self):  # the second part's answer is lost on the way (its connection drops)
-            lost["n"] += 1
-            if lost["n"] == 2:
-                self.abandon()
-                raise wire.Broken("ConnectionResetError: the connection dropped")
-            return answer(self)
-
-        monkeypatch.setattr(wire.Pending, "answer", drop_the_second)
-        RemoteEnv.before_batch_reset(remotes, seeds)
-        assert counts == {"batch": 9, "run": 21}
-        for remote, local, seed in zip(remotes, locals_, seeds):  # the lost part's three envs ask alone
-            assert remote.reset(seed=seed)[0]["text"] == local.reset(seed=seed)[0]["text"]
-        assert counts == {"batch": 9, "run": 24}
-        assert all(not env._conn._lock.locked() for env in remotes)  # no connection left waiting on an answer
-    finally:
-        for env in remotes + locals_:
-            env.close()
-
 # -- quick calls on the event loop -----------------------------------------------------------------
 def _play(url: str, seed: int) -> list:
     """Every answer of a scripted game of three envs: batched resets and steps, single steps, calls."""
