@@ -315,7 +315,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
     if forced:  # the trained model's scoring path (a frozen reference keeps its own)
         if forced == "prefix" and feat["ckpt"]:
             raise ValueError("the prefix path needs a KV cache: not under gradient checkpointing")
-        learner.prefix.scoring_path = lambda p: forced if p.model.training else natural(p)
+        learner.prefix.scoring_path = lambda p, samples=None: forced if p.model.training else natural(p, samples)
     compute = resolve_dtype(feat["dtype"], args.device)
     policy = Policy.from_pretrained(folder, device=args.device, dtype=compute if feat["lora"] else torch.float32,
                                     compute_dtype=compute)
@@ -349,7 +349,7 @@ def run_freshper(folder: Path, feat: dict[str, Any], args: argparse.Namespace) -
         out[kind] = {"seconds": peak.seconds, "cpu_seconds": peak.cpu_seconds, "peak_bytes": peak.peak,
                      "tokens": seq_tokens(records), "loss": stats.get("loss")}
     policy.model.train()
-    out["path"] = learner.prefix.scoring_path(policy)
+    out["path"] = learner.prefix.scoring_path(policy, [s for r in records for s in r.samples])
     return out
 
 

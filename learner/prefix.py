@@ -20,9 +20,10 @@ an approximation.
 Under gradient checkpointing a KV cache cannot be used (a recomputed layer would write it
 twice), so the learner takes the packed passes of :mod:`learner.packed` instead: the same sharing
 (header once, each distinct prompt once, the replies after it) in one plain forward per pack,
-with a tree-shaped 4-D attention mask. A large text model on the CPU takes them too where the
-cached passes would run many padding tokens (:func:`packing_pays`). Where those do not apply (VLMs other than the Qwen2-VL
-family, attention implementations without custom masks, the sharded learner) it takes
+with a tree-shaped 4-D attention mask. A large text model on the CPU takes them too where they
+cost less (:func:`packing_pays`: short samples, or many padding tokens). Where those do not apply
+(VLMs other than the Qwen2-VL family, attention implementations without custom masks, the
+sharded learner) it takes
 :func:`full_logprobs`: one forward per sequence, with only the scored positions through the LM
 head.
 :func:`scoring_path` names the path; ``benchmarks/real_scale.py`` measures them.
@@ -48,9 +49,11 @@ from learner.prompts import group_prompts, prompt_lengths, vision_applies
 
 #: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
-#: A text model of at least this many parameters on the CPU is scored by packed passes where
-#: they run at most :data:`PACKED_TOKEN_RATIO` of the cached passes' tokens (:func:`packing_pays`).
+#: A text model of at least this many parameters on the CPU is scored by packed passes where its
+#: samples average at most :data:`PACKED_SAMPLE_TOKENS` tokens or a pack runs at most
+#: :data:`PACKED_TOKEN_RATIO` of the cached passes' tokens (:func:`packing_pays`).
 PACKED_PARAMETERS = 50_000_000
+PACKED_SAMPLE_TOKENS = 128
 PACKED_TOKEN_RATIO = 0.8
 
 
@@ -102,8 +105,8 @@ def scoring_path(policy, samples: Sequence | None = None) -> str:
     without the cache a model whose attention takes a 4-D mask is packed (a vision batch whose
     replies hold images takes ``full``: :func:`learner.prompts.vision_applies`).
 
-    With ``samples``, a text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU
-    whose cached passes would run many padding tokens is packed too (:func:`packing_pays`)."""
+    With ``samples``, a text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU is
+    packed too where that pays (:func:`packing_pays`: short samples, or many padding tokens)."""
     if getattr(policy, "sharded", False):
         return "full"
     if policy.gradient_checkpointing and policy.model.training:
@@ -115,14 +118,16 @@ def scoring_path(policy, samples: Sequence | None = None) -> str:
 
 def packing_pays(policy, samples: Sequence) -> bool:
     """Whether packed passes score ``samples`` of ``policy`` for less than the cached ones: a
-    text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU, whose attention
-    takes a 4-D mask, and a batch where a pack would run at most :data:`PACKED_TOKEN_RATIO` of
-    the tokens the cached passes run. The cached passes run every distinct prompt right-padded
-    to the longest and every reply padded to the longest, so one later turn's prompt in a batch
-    of first turns makes them run each prompt at its length; a pack runs each distinct token
-    once. A large model's cost is its matrix products per token, so the token counts decide;
-    where they are close the cached passes stay (a pack's dense attention over its length costs
-    more on long multi-turn samples), and small models keep them always
+    text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU whose attention takes
+    a 4-D mask, and a batch of short samples (at most :data:`PACKED_SAMPLE_TOKENS` tokens on
+    average) or one where a pack would run at most :data:`PACKED_TOKEN_RATIO` of the tokens the
+    cached passes run. The cached passes make three model calls, gather the prompts' caches per
+    sample and run every distinct prompt right-padded to the longest (one later turn's prompt
+    among first turns makes every prompt run at its length); a pack runs each distinct token
+    once in one call, but its attention is dense over its length, which long multi-turn samples
+    with little sharing pay for. Measured on SmolLM2-135M: packs took 0.62-0.69x the cached
+    passes' time on Arithmetic and FrozenLake batches, 1.00-1.07x on Countdown's (~200-token
+    samples, 0.88 of the tokens); small models keep the cached passes always
     (docs/results/real_model.md#the-scoring-path)."""
     if policy.is_vision or policy.device.type != "cpu" or policy.num_parameters < PACKED_PARAMETERS \
             or not packed.applies(policy):
@@ -136,7 +141,8 @@ def packing_pays(policy, samples: Sequence) -> bool:
     replies = [len(x) - p for x, p in zip(ids, plen)]
     cached = head + len(unique) * (max(ulen) - head) + len(ids) * (max(replies) - 1)
     in_pack = head + sum(n - head for n in ulen) + sum(r - 1 for r in replies)
-    return in_pack <= PACKED_TOKEN_RATIO * cached
+    short = sum(len(x) for x in ids) <= PACKED_SAMPLE_TOKENS * len(ids)
+    return short or in_pack <= PACKED_TOKEN_RATIO * cached
 
 
 def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: float = 1.0) -> torch.Tensor:

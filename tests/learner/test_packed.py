@@ -249,9 +249,10 @@ def test_a_lora_update_with_its_kl_reference_packs_and_equals_the_kv_cached_path
 
 
 def test_a_large_model_on_the_cpu_packs_a_batch_the_cached_passes_would_pad(policy, monkeypatch) -> None:
-    """One later turn's long prompt among first turns makes the cached passes run every prompt at
-    its length: a large text model on the CPU takes a pack there, with the same values and
-    gradients; where the counts are close, and for small models, the cached passes stay."""
+    """A large text model on the CPU packs a batch of short samples, and one where a later turn's
+    long prompt among first turns would make the cached passes run every prompt at its length,
+    with the same values and gradients; long samples whose counts are close, and small models,
+    keep the cached passes."""
     import learner.prefix as prefix
 
     first_turns = _batch(policy, groups=3, group_size=3)
@@ -262,8 +263,13 @@ def test_a_large_model_on_the_cpu_packs_a_batch_the_cached_passes_would_pad(poli
     assert scoring_path(policy, mixed) == "prefix"  # a small model: always the cached passes
     monkeypatch.setattr(prefix, "PACKED_PARAMETERS", 1)  # as if the tiny model were a real one
     assert prefix.packing_pays(policy, mixed) and scoring_path(policy, mixed) == "packed"
-    close = _batch(policy, groups=1, group_size=3)  # one prompt, replies of 1-3 tokens: 19 tokens packed, 22 cached
+    assert prefix.packing_pays(policy, first_turns)  # short samples: packed
+    close = _batch(policy, groups=1, group_size=3, header=140)  # long samples, 157 tokens packed against 160 cached
     assert not prefix.packing_pays(policy, close) and scoring_path(policy, close) == "prefix"
+    long_turns = _batch(policy, groups=3, group_size=3, header=140)
+    long_history = np.concatenate([long_turns[0].token_ids, rng.integers(5, policy.model.config.vocab_size, 120)])
+    assert not prefix.packing_pays(policy, long_turns)
+    assert prefix.packing_pays(policy, long_turns + [_sample(np.concatenate([long_history, [7, 8]]), 2)])  # the padding
     assert scoring_path(policy) == "prefix"  # no batch to count
     full, g_full = _values_and_grads(policy, mixed, lambda s: policy.token_logprobs(s))
     fast, g_fast = _values_and_grads(policy, mixed, lambda s: sampled_logprobs(policy, s))
