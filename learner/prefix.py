@@ -132,6 +132,15 @@ def packing_pays(policy, samples: Sequence) -> bool:
     if policy.is_vision or policy.device.type != "cpu" or policy.num_parameters < PACKED_PARAMETERS \
             or not packed.applies(policy):
         return False
+    cached, in_pack = scored_tokens(samples)
+    short = sum(len(s.token_ids) for s in samples) <= PACKED_SAMPLE_TOKENS * len(samples)
+    return short or in_pack <= PACKED_TOKEN_RATIO * cached
+
+
+def scored_tokens(samples: Sequence) -> tuple[int, int]:
+    """The tokens the model runs for ``samples``: in the cached passes (the header, every
+    distinct prompt's remainder padded to the longest, every reply but its last token padded to
+    the longest) and in one pack (each distinct token once)."""
     ids = [np.asarray(s.token_ids) for s in samples]
     plen = prompt_lengths(samples)
     unique, _ = group_prompts(ids, plen)
@@ -140,9 +149,7 @@ def packing_pays(policy, samples: Sequence) -> bool:
     head = head if head >= MIN_PREFIX else 0
     replies = [len(x) - p for x, p in zip(ids, plen)]
     cached = head + len(unique) * (max(ulen) - head) + len(ids) * (max(replies) - 1)
-    in_pack = head + sum(n - head for n in ulen) + sum(r - 1 for r in replies)
-    short = sum(len(x) for x in ids) <= PACKED_SAMPLE_TOKENS * len(ids)
-    return short or in_pack <= PACKED_TOKEN_RATIO * cached
+    return cached, head + sum(n - head for n in ulen) + sum(r - 1 for r in replies)
 
 
 def full_logprobs(policy, samples: Sequence, images: Sequence, temperature: float = 1.0) -> torch.Tensor:

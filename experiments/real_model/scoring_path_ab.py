@@ -34,13 +34,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     from agents.policies.policy import Policy
-    from agents.policies.sampling import common_prefix_length
     from agents.rollout.runner import Runner
     from learner import packed
     from learner.advantages import assign_group_advantages
     from learner.batch import MicroBatch, make_batches
-    from learner.prefix import MIN_PREFIX, _text_logprobs, packing_pays
-    from learner.prompts import group_prompts, prompt_lengths
+    from learner.prefix import _text_logprobs, packing_pays, scored_tokens
+    from learner.prompts import prompt_lengths
 
     torch.set_num_threads(a.threads)
     print(f"load average before: {os.getloadavg()}", flush=True)
@@ -52,17 +51,6 @@ def main() -> None:
         assign_group_advantages(records)
         cut = make_batches(records, np.ones(len(records)), np.zeros(len(records)), MicroBatch(256, 4096), None)
         return [b.samples for b in cut]
-
-    def counts(samples: list) -> tuple[int, int]:
-        ids = [np.asarray(s.token_ids) for s in samples]
-        plen = prompt_lengths(samples)
-        unique, _ = group_prompts(ids, plen)
-        ulen = [len(u) for u in unique]
-        head = min(common_prefix_length(unique), min(ulen) - 1)
-        head = head if head >= MIN_PREFIX else 0
-        replies = [len(x) - p for x, p in zip(ids, plen)]
-        return (head + len(unique) * (max(ulen) - head) + len(ids) * (max(replies) - 1),
-                head + sum(n - head for n in ulen) + sum(r - 1 for r in replies))
 
     sets: dict[str, list[list]] = {"Arithmetic, first turns": batches("freshper/Arithmetic-v0", list(range(1000, 1008)), 16)}
     for base in range(1016, 1200, 8):
@@ -90,7 +78,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|")
     for name, cut in sets.items():
         flat = [s for b in cut for s in b]
-        cached_tokens, pack_tokens = (sum(c) for c in zip(*(counts(b) for b in cut)))
+        cached_tokens, pack_tokens = (sum(c) for c in zip(*(scored_tokens(b) for b in cut)))
         chosen = sum(packing_pays(pol, b) for b in cut)
         for grad in (True, False):
             for path in ("cached", "packed"):

@@ -44,6 +44,17 @@ def _batch(policy, groups: int = 3, group_size: int = 3, header: int = 12, seed:
     return out
 
 
+def _equal_to_the_full_pass(plain, scored, samples) -> torch.Tensor:
+    """``scored``'s learner log-probs and gradients equal ``plain``'s full forward (same weights);
+    the full pass's values on sampled positions."""
+    full, g_full = _values_and_grads(plain, samples, lambda s: plain.token_logprobs(s))
+    fast, g_fast = _values_and_grads(scored, samples, lambda s: sampled_logprobs(scored, s))
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+    for a, b in zip(g_full, g_fast):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    return full
+
+
 def _values_and_grads(policy, samples, fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Log-probs on sampled positions and the parameter gradients of their weighted sum (a
     weight per position, so a wrong position or row cannot cancel out)."""
@@ -144,11 +155,7 @@ def test_under_gradient_checkpointing_the_learner_packs_and_matches_the_full_for
     plain.model.train()
     checkpointed.model.train()
     assert scoring_path(plain) == "prefix" and scoring_path(checkpointed) == "packed"
-    full, g_full = _values_and_grads(plain, samples, lambda s: plain.token_logprobs(s))
-    fast, g_fast = _values_and_grads(checkpointed, samples, lambda s: sampled_logprobs(checkpointed, s))
-    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
-    for a, b in zip(g_full, g_fast):
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    _equal_to_the_full_pass(plain, checkpointed, samples)
     checkpointed.model.eval()
     assert scoring_path(checkpointed) == "prefix"  # not training: the KV-cached passes
     checkpointed.sharded = True
@@ -271,11 +278,7 @@ def test_a_large_model_on_the_cpu_packs_a_batch_the_cached_passes_would_pad(poli
     assert not prefix.packing_pays(policy, long_turns)
     assert prefix.packing_pays(policy, long_turns + [_sample(np.concatenate([long_history, [7, 8]]), 2)])  # the padding
     assert scoring_path(policy) == "prefix"  # no batch to count
-    full, g_full = _values_and_grads(policy, mixed, lambda s: policy.token_logprobs(s))
-    fast, g_fast = _values_and_grads(policy, mixed, lambda s: sampled_logprobs(policy, s))
-    torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
-    for a, b in zip(g_full, g_fast):
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    full = _equal_to_the_full_pass(policy, policy, mixed)
     policy.model.eval()
     assert scoring_path(policy, mixed) == "packed"  # the KL reference scores the same way
     with torch.no_grad():
