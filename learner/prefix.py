@@ -43,16 +43,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from agents.policies.precision import LARGE_MODEL_PARAMETERS
 from agents.policies.sampling import common_prefix_length
 from learner import packed
 from learner.prompts import group_prompts, prompt_lengths, vision_applies
 
 #: Below this shared length the header pass (stage 1) is skipped.
 MIN_PREFIX = 8
-#: A text model of at least this many parameters on the CPU is scored by packed passes where its
-#: samples average at most :data:`PACKED_SAMPLE_TOKENS` tokens or a pack runs at most
-#: :data:`PACKED_TOKEN_RATIO` of the cached passes' tokens (:func:`packing_pays`).
-PACKED_PARAMETERS = 50_000_000
+#: A large text model on the CPU is scored by packed passes where its samples average at most
+#: :data:`PACKED_SAMPLE_TOKENS` tokens or a pack runs at most :data:`PACKED_TOKEN_RATIO` of the
+#: cached passes' tokens (:func:`packing_pays`).
 PACKED_SAMPLE_TOKENS = 128
 PACKED_TOKEN_RATIO = 0.8
 
@@ -105,7 +105,7 @@ def scoring_path(policy, samples: Sequence | None = None) -> str:
     without the cache a model whose attention takes a 4-D mask is packed (a vision batch whose
     replies hold images takes ``full``: :func:`learner.prompts.vision_applies`).
 
-    With ``samples``, a text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU is
+    With ``samples``, a text model of :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS` or more parameters on the CPU is
     packed too where that pays (:func:`packing_pays`: short samples, or many padding tokens)."""
     if getattr(policy, "sharded", False):
         return "full"
@@ -118,7 +118,7 @@ def scoring_path(policy, samples: Sequence | None = None) -> str:
 
 def packing_pays(policy, samples: Sequence) -> bool:
     """Whether packed passes score ``samples`` of ``policy`` for less than the cached ones: a
-    text model of :data:`PACKED_PARAMETERS` or more parameters on the CPU whose attention takes
+    text model of :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS` or more parameters on the CPU whose attention takes
     a 4-D mask, and a batch of short samples (at most :data:`PACKED_SAMPLE_TOKENS` tokens on
     average) or one where a pack would run at most :data:`PACKED_TOKEN_RATIO` of the tokens the
     cached passes run. The cached passes make three model calls, gather the prompts' caches per
@@ -129,7 +129,7 @@ def packing_pays(policy, samples: Sequence) -> bool:
     passes' time on Arithmetic and FrozenLake batches, 1.00-1.07x on Countdown's (~200-token
     samples, 0.88 of the tokens); small models keep the cached passes always
     (docs/results/real_model.md#the-scoring-path)."""
-    if policy.is_vision or policy.device.type != "cpu" or policy.num_parameters < PACKED_PARAMETERS \
+    if policy.is_vision or policy.device.type != "cpu" or policy.num_parameters < LARGE_MODEL_PARAMETERS \
             or not packed.applies(policy):
         return False
     cached, in_pack = scored_tokens(samples)

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agents.policies import sampling_vl
+from agents.policies import precision, sampling_vl
 from agents.policies.chat import CHAT_SETTINGS, ChatRenderer, read_system_prompt, write_system_prompt
 from agents.record import Generation, Sample
 from agents.policies.sampling import TurnKVCache, sample_text
@@ -47,7 +47,7 @@ FUSED_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_vl", 
 
 
 #: On <= 2 CPUs a model of at least this many parameters samples on every core by default.
-LARGE_MODEL_PARAMETERS = 50_000_000
+LARGE_MODEL_PARAMETERS = precision.LARGE_MODEL_PARAMETERS
 
 
 def configure_threads(num_threads: int | None = None, *, parameters: int = 0) -> int:

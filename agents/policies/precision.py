@@ -2,7 +2,7 @@
 
 ``--dtype`` names the precision the model computes in (``fp32``, ``bf16``, ``fp16``, or ``auto``:
 bf16 on a CUDA device that supports it, fp16 on one that does not; on the CPU, bf16 for a model of
-:data:`AUTO_BF16_PARAMETERS` or more parameters where the CPU multiplies bf16 in hardware
+:data:`LARGE_MODEL_PARAMETERS` or more parameters where the CPU multiplies bf16 in hardware
 (:func:`cpu_bf16_native`), fp32 otherwise). Without AVX512-BF16 or AMX a bf16 matrix product is
 emulated and runs several times slower than fp32 (``benchmarks/precision_bench.py``); small
 models gain nothing from bf16 and keep fp32, bit for bit as before. A trained
@@ -27,8 +27,11 @@ DTYPES: dict[str, torch.dtype] = {
 }
 CHOICES = ("auto", "bf16", "fp16", "fp32")
 
-#: ``auto`` computes a model of at least this many parameters in bf16 on a CPU with bf16 units.
-AUTO_BF16_PARAMETERS = 50_000_000
+#: A real-size model, where the embedded tiny ones (~1-4M parameters) are far below: ``auto``
+#: computes it in bf16 on a CPU with bf16 units, it samples on every core of a 2-CPU machine
+#: (:func:`agents.policies.policy.configure_threads`) and the learner packs its short or padded
+#: batches on the CPU (:func:`learner.prefix.packing_pays`).
+LARGE_MODEL_PARAMETERS = 50_000_000
 
 
 def cpu_bf16_native() -> bool:
@@ -65,7 +68,7 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu", p
     if key == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        large = parameters is not None and parameters >= AUTO_BF16_PARAMETERS
+        large = parameters is not None and parameters >= LARGE_MODEL_PARAMETERS
         return torch.bfloat16 if large and device.type == "cpu" and cpu_bf16_native() else torch.float32
     if key not in DTYPES:
         raise ValueError(f"--dtype must be one of {'|'.join(CHOICES)}, got {name!r}")

@@ -268,7 +268,7 @@ def test_a_large_model_on_the_cpu_packs_a_batch_the_cached_passes_would_pad(poli
     mixed = first_turns + [_sample(np.concatenate([history, [7, 8]]), 2)]
     policy.model.train()
     assert scoring_path(policy, mixed) == "prefix"  # a small model: always the cached passes
-    monkeypatch.setattr(prefix, "PACKED_PARAMETERS", 1)  # as if the tiny model were a real one
+    monkeypatch.setattr(prefix, "LARGE_MODEL_PARAMETERS", 1)  # as if the tiny model were a real one
     assert prefix.packing_pays(policy, mixed) and scoring_path(policy, mixed) == "packed"
     assert prefix.packing_pays(policy, first_turns)  # short samples: packed
     close = _batch(policy, groups=1, group_size=3, header=140)  # long samples, 157 tokens packed against 160 cached

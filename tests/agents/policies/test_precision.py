@@ -36,7 +36,7 @@ def test_the_probe_is_torchs_own() -> None:
 def test_auto_on_the_cpu_is_bf16_only_for_a_large_model_on_bf16_units(monkeypatch: pytest.MonkeyPatch,
                                                                        native: bool) -> None:
     _native(monkeypatch, native)
-    large = precision.AUTO_BF16_PARAMETERS
+    large = precision.LARGE_MODEL_PARAMETERS
     assert precision.resolve_dtype("auto", "cpu", large) == (torch.bfloat16 if native else torch.float32)
     assert precision.resolve_dtype("auto", "cpu", large - 1) == torch.float32  # the tiny models keep fp32
     assert precision.resolve_dtype("auto", "cpu", None) == torch.float32  # size not known: fp32
@@ -70,7 +70,7 @@ def test_a_run_and_the_loader_resolve_auto_by_the_models_size(tmp_path: Path, mo
     _native(monkeypatch, True)
     assert policy_spec(make_config(model=str(folder))).compute_dtype == torch.float32  # tiny: fp32
     assert policy_spec(make_config()).compute_dtype == torch.float32  # the embedded model: fp32
-    monkeypatch.setattr(precision, "AUTO_BF16_PARAMETERS", size)  # as if it were large
+    monkeypatch.setattr(precision, "LARGE_MODEL_PARAMETERS", size)  # as if it were large
     assert policy_spec(make_config(model=str(folder))).compute_dtype == torch.bfloat16
     assert policy_spec(make_config(model=str(folder), dtype="fp32")).compute_dtype == torch.float32
     assert Policy.from_pretrained(folder, dtype="auto").model.dtype == torch.bfloat16
