@@ -1,7 +1,7 @@
 """Steps per second of a served task (``python -m envs.serve``) against the same task in-process.
 
     python benchmarks/env_serve_bench.py [--env freshper/FrozenLake-v0] [--sessions 1 8 64] [--seconds 3]
-        [--server process|thread]
+        [--server process|thread] [--pin] [--profile]
 
 For each number of sessions N: N envs play random well-formed replies until ``--seconds`` have
 passed, the episodes that ended in a turn reset after it. ``in-process``: N local envs stepped
@@ -11,7 +11,8 @@ request. ``batched steps and resets``: the same with a turn's resets sent as one
 request too (``before_batch_reset``). ``threads``: N clients each stepping from its own thread,
 one request per step (N concurrent connections). The server is
 ``python -m envs.serve`` on loopback: by default its own process (``--server process``, as it is
-deployed), or a thread of this process (``--server thread``: client and server share the GIL).
+deployed), or a thread of this process (``--server thread``: client and server share the GIL);
+``--pin`` keeps the server's process on one CPU and this one on another.
 Ratios are served / in-process.
 """
 
@@ -171,15 +172,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print where a served step's time goes (batched steps, resets one by one)")
     parser.add_argument("--server", choices=("process", "thread"), default="process",
                         help="run the server as its own process (python -m envs.serve) or in a thread of this one")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin this process (the clients and the in-process envs) to one CPU and the server's "
+                             "process to another, as a server on its own cores is deployed (Linux; needs 2 CPUs)")
     parser.add_argument("--no-inline", dest="inline", action="store_false",
                         help="the server answers every call in its thread pool (envs.serve --no-inline)")
     args = parser.parse_args(argv)
     proc = server = None
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if args.pin and (args.server != "process" or len(cpus) < 2):
+        parser.error("--pin needs --server process and at least 2 CPUs this process may run on")
+    if args.pin:
+        os.sched_setaffinity(0, {cpus[0]})
     if args.server == "process":
         proc = subprocess.Popen([sys.executable, "-m", "envs.serve", args.env, "--port", "0", "--max-sessions",
                                  str(max(args.sessions)), "--log-level", "WARNING",
                                  *([] if args.inline else ["--no-inline"])], cwd=REPO,
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, text=True,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, {cpus[1]})) if args.pin else None)
         line = proc.stdout.readline()
         found = re.search(r"at (http://\S+):", line)
         if not found:
@@ -193,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         remote_id = remote_id_of(url)
         where = "its own process" if proc is not None else "a thread of this process"
+        if args.pin:
+            where += f" pinned to CPU {cpus[1]}, the clients and in-process envs to CPU {cpus[0]}"
         print(f"{args.env}, {args.seconds:g} s per setting, the server on loopback in {where}"
               f"{'' if args.inline else ', every call in its pool (--no-inline)'}")
         print(f"{'sessions':>8}  {'in-process':>11}  {'batched steps':>13}  {'ratio':>6}  {'batched steps+resets':>20}  "
