@@ -7,7 +7,7 @@ one replay update of 16 of those samples, as the learner runs them (its own scor
 
 For each update it prints the wall time, the time PyTorch's profiler puts in matrix products
 (``aten::mm``/``addmm``/``bmm``) with their floating-point operations, the time in Adam's
-fused step, and what is left of the wall time; then the matrix-product rate this CPU reaches
+fused step, in the fused attention kernels, and what is left of the wall time; then the matrix-product rate this CPU reaches
 on the model's own shapes alone, and the update's floor: its matrix-product FLOPs at the better
 of that rate and the update's own, plus Adam's step timed alone. ``wall / floor`` says how much
 of an update is left to remove without removing work.
@@ -66,8 +66,9 @@ def adam_step_seconds(model: torch.nn.Module, repeats: int = 5) -> float:
 
 
 def split(prof) -> dict[str, float]:
-    """Seconds of self CPU time in matrix products and in Adam's step, and the products' FLOPs."""
-    out = {"matmul": 0.0, "adam": 0.0, "flops": 0.0}
+    """Seconds of self CPU time in matrix products, in Adam's step and in the fused attention
+    kernels (whose FLOPs the profiler does not count), and the products' FLOPs."""
+    out = {"matmul": 0.0, "adam": 0.0, "attention": 0.0, "flops": 0.0}
     for e in prof.key_averages():
         s = e.self_cpu_time_total / 1e6
         if e.key in MATMUL_OPS:
@@ -75,6 +76,8 @@ def split(prof) -> dict[str, float]:
             out["flops"] += e.flops or 0
         elif e.key in ADAM_OPS:
             out["adam"] += s
+        elif "scaled_dot_product" in e.key:  # the fused attention kernels, forward and backward
+            out["attention"] += s
     return out
 
 
@@ -90,7 +93,7 @@ def main() -> None:
     from agents.rollout.runner import Runner
     from learner.advantages import assign_group_advantages
     from learner.loss import LossSettings
-    from learner.prefix import scoring_path
+    from learner.prefix import common_prefix_length, group_prompts, prompt_lengths, scored_tokens, scoring_path
     from learner.state import fused_adam
     from learner.update import policy_update
 
@@ -108,6 +111,11 @@ def main() -> None:
     replay = records[::4]
     print(f"{len(samples)} samples, {sum(len(s.token_ids) for s in samples)} tokens, "
           f"{sum(int(s.loss_mask.sum()) for s in samples)} sampled; scoring path: {scoring_path(policy, samples)}")
+    ids = [np.asarray(s.token_ids) for s in samples]
+    prompts, _ = group_prompts(ids, prompt_lengths(samples))
+    print(f"the on-policy pack: {scored_tokens(samples)[1]} tokens, a shared header of "
+          f"{common_prefix_length(prompts)} and {len(prompts)} distinct prompts of {sorted({len(p) for p in prompts})} "
+          f"tokens (the cached passes would run {scored_tokens(samples)[0]})")
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=0.0, fused=fused_adam(params) or None)
 
@@ -139,13 +147,14 @@ def main() -> None:
     print(f"matrix products alone on the model's shapes: {peak:.0f} GFLOP/s; fused Adam's step alone: {adam:.3f} s "
           f"({sum(p.numel() for p in params) / 1e6:.1f}M parameters)")
     print("| update | wall s (median) | in matrix products s | their GFLOP | their GFLOP/s | Adam s "
-          "| the rest s | floor s | wall / floor |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| attention s | the rest s | floor s | wall / floor |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, wall, s in rows:
         gflops = s["flops"] / 1e9
         rate = gflops / max(s["matmul"], 1e-9)
         floor = gflops / max(peak, rate) + adam
         print(f"| {name} | {wall:.2f} | {s['matmul']:.2f} | {gflops:.0f} | {rate:.0f} | {s['adam']:.2f} | "
-              f"{max(wall - s['matmul'] - s['adam'], 0.0):.2f} | {floor:.2f} | {wall / floor:.2f} |")
+              f"{s['attention']:.2f} | {max(wall - s['matmul'] - s['adam'] - s['attention'], 0.0):.2f} | {floor:.2f} | "
+              f"{wall / floor:.2f} |")
     print(f"load average after: {os.getloadavg()}")
 
 
