@@ -105,8 +105,9 @@ def scoring_path(policy, samples: Sequence | None = None) -> str:
     without the cache a model whose attention takes a 4-D mask is packed (a vision batch whose
     replies hold images takes ``full``: :func:`learner.prompts.vision_applies`).
 
-    With ``samples``, a text model of :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS` or more parameters on the CPU is
-    packed too where that pays (:func:`packing_pays`: short samples, or many padding tokens)."""
+    With ``samples``, a text model of :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS`
+    or more parameters on the CPU is packed too where that pays (:func:`packing_pays`: short
+    samples, or many padding tokens)."""
     if getattr(policy, "sharded", False):
         return "full"
     if policy.gradient_checkpointing and policy.model.training:
@@ -118,23 +119,23 @@ def scoring_path(policy, samples: Sequence | None = None) -> str:
 
 def packing_pays(policy, samples: Sequence) -> bool:
     """Whether packed passes score ``samples`` of ``policy`` for less than the cached ones: a
-    text model of :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS` or more parameters on the CPU whose attention takes
-    a 4-D mask, and a batch of short samples (at most :data:`PACKED_SAMPLE_TOKENS` tokens on
-    average) or one where a pack would run at most :data:`PACKED_TOKEN_RATIO` of the tokens the
-    cached passes run. The cached passes make three model calls, gather the prompts' caches per
-    sample and run every distinct prompt right-padded to the longest (one later turn's prompt
-    among first turns makes every prompt run at its length); a pack runs each distinct token
-    once in one call, but its attention is dense over its length, which long multi-turn samples
-    with little sharing pay for. Measured on SmolLM2-135M: packs took 0.62-0.69x the cached
-    passes' time on Arithmetic and FrozenLake batches, 1.00-1.07x on Countdown's (~200-token
-    samples, 0.88 of the tokens); small models keep the cached passes always
-    (docs/results/real_model.md#the-scoring-path)."""
-    if policy.is_vision or policy.device.type != "cpu" or policy.num_parameters < LARGE_MODEL_PARAMETERS \
-            or not packed.applies(policy):
+    text model of :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS` or more parameters
+    on the CPU whose attention takes a 4-D mask, and a batch of short samples (at most
+    :data:`PACKED_SAMPLE_TOKENS` tokens on average) or one where a pack would run at most
+    :data:`PACKED_TOKEN_RATIO` of the tokens the cached passes run. The cached passes make three
+    model calls, gather the prompts' caches per sample and run every distinct prompt
+    right-padded to the longest (one later turn's prompt among first turns makes every prompt
+    run at its length); a pack runs each distinct token once in one call, but its attention is
+    dense over its length, which long multi-turn samples with little sharing pay for. Small
+    models keep the cached passes always; the measurements behind the rule are in
+    docs/results/real_model.md#the-scoring-path."""
+    if policy.is_vision or policy.device.type != "cpu" \
+            or policy.num_parameters < LARGE_MODEL_PARAMETERS or not packed.applies(policy):
         return False
+    if sum(len(s.token_ids) for s in samples) <= PACKED_SAMPLE_TOKENS * len(samples):
+        return True  # short samples: no need to count the two paths' tokens
     cached, in_pack = scored_tokens(samples)
-    short = sum(len(s.token_ids) for s in samples) <= PACKED_SAMPLE_TOKENS * len(samples)
-    return short or in_pack <= PACKED_TOKEN_RATIO * cached
+    return in_pack <= PACKED_TOKEN_RATIO * cached
 
 
 def scored_tokens(samples: Sequence) -> tuple[int, int]:

@@ -29,8 +29,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agents.policies import precision, sampling_vl
+from agents.policies import sampling_vl
 from agents.policies.chat import CHAT_SETTINGS, ChatRenderer, read_system_prompt, write_system_prompt
+from agents.policies.precision import LARGE_MODEL_PARAMETERS
 from agents.record import Generation, Sample
 from agents.policies.sampling import TurnKVCache, sample_text
 
@@ -46,14 +47,11 @@ LOGPROB_CHUNK_ELEMENTS = 1 << 26
 FUSED_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl"})
 
 
-#: On <= 2 CPUs a model of at least this many parameters samples on every core by default.
-LARGE_MODEL_PARAMETERS = precision.LARGE_MODEL_PARAMETERS
-
-
 def configure_threads(num_threads: int | None = None, *, parameters: int = 0) -> int:
     """Set torch's intra-op threads; by default, on machines with <= 2 CPUs, 1 for a model of
-    fewer than :data:`LARGE_MODEL_PARAMETERS` parameters (``parameters``; 0: not known yet) and
-    every CPU for a larger one; else half the CPUs, at most 8.
+    fewer than :data:`~agents.policies.precision.LARGE_MODEL_PARAMETERS` parameters
+    (``parameters``; 0: not known yet) and every CPU for a larger one; else half the CPUs, at
+    most 8.
 
     Measured on 2 cores (docs/performance_agents.md, docs/results/real_model.md): a 64-episode
     FrozenLake collection of the tiny model took 3.1 s with 1 thread and 28 s with 2 (spinning
